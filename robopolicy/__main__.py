@@ -1,0 +1,5 @@
+import sys
+
+from robopolicy.cli import main
+
+sys.exit(main())

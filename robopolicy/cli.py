@@ -1,0 +1,45 @@
+"""The ``robopolicy`` command: one entry point, a subcommand per job.
+
+Every subcommand takes ``--config FILE`` plus ``key=value`` overrides (see robopolicy.config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from robopolicy.config import ConfigError
+
+# Headless rendering unless the user chose a backend.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from robopolicy.commands import sim
+
+    parser = argparse.ArgumentParser(
+        prog="robopolicy",
+        description="Robot learning stack: MuJoCo tasks, imitation, refinement, real-time control.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    sim.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"robopolicy: config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("robopolicy: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
