@@ -130,6 +130,11 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             raise ConfigError(f"{source}: key '{key}' expects an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{source}: key '{key}' expects a number, got {value!r}")
         return float(value)

@@ -1,0 +1,92 @@
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from robopolicy.config import ConfigError, load_config, parse_overrides
+from robopolicy.envs import EnvConfig
+
+
+@dataclass
+class Optim:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+
+
+@dataclass
+class Cfg:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    optim: Optim = field(default_factory=Optim)
+    steps: int = 10
+    mode: Literal["a", "b"] = "a"
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+def test_yaml_plus_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("steps: 5\noptim: {lr: 0.01}\nenv: {id: robopolicy/ArmReach-v0}\n")
+    cfg = load_config(Cfg, f, ["optim.lr=3e-4", "env.kwargs.split=dt", "tags=[x, y]", "mode=b"])
+    assert cfg.steps == 5
+    assert cfg.optim.lr == pytest.approx(3e-4)
+    assert cfg.optim.betas == (0.9, 0.999)
+    assert cfg.env.id == "robopolicy/ArmReach-v0" and cfg.env.kwargs == {"split": "dt"}
+    assert cfg.tags == ["x", "y"] and cfg.mode == "b"
+
+
+def test_int_is_accepted_for_float_but_not_the_reverse():
+    assert load_config(Cfg, None, ["optim.lr=1"]).optim.lr == 1.0
+    with pytest.raises(ConfigError, match="'steps' expects an integer"):
+        load_config(Cfg, None, ["steps=2.5"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["optim.lrr=1"], "unknown key 'optim.lrr'"),
+        (["stepz=3"], "unknown key 'stepz'"),
+        (["mode=c"], "'mode' must be one of"),
+        (["optim=3"], "'optim' must be a mapping"),
+        (["optim.betas=[1, 2, 3]"], "expects 2 items"),
+        (["noequals"], "must look like key=value"),
+        (["name=[1]"], "'name' expects"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        load_config(Cfg, None, override)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(Cfg, tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(Cfg, bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(Cfg, scalar)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("env: {idd: x}\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml.*unknown key 'env.idd'"):
+        load_config(Cfg, typo)
+
+
+def test_parse_overrides_values_are_yaml():
+    assert parse_overrides(["a.b=3", "a.c=true", "d=hello", "e=", "f=[1, 2]"]) == {
+        "a": {"b": 3, "c": True}, "d": "hello", "e": None, "f": [1, 2]}
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    from robopolicy.commands.sim import SimDemoConfig, SimViewConfig
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    demo = load_config(SimDemoConfig, root / "sim" / "quickstart.yaml")
+    assert len(demo.tasks) >= 4
+    load_config(SimViewConfig, root / "sim" / "view.yaml")
+    for f in sorted((root / "envs").glob("*.yaml")):
+        load_config(EnvConfig, f)
