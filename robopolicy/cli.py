@@ -16,7 +16,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from robopolicy.commands import sim
+    from robopolicy.commands import collect, dataset, sim
 
     parser = argparse.ArgumentParser(
         prog="robopolicy",
@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     sim.add_parser(sub)
+    collect.add_parser(sub)
+    dataset.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,736 @@
+"""Record episodes into a LeRobotDataset v3.0, one atomic commit per episode.
+
+lerobot 0.4.4's writer appends every episode to shared parquet / mp4 files, keeps a parquet
+writer open (no footer until ``finalize()``) and rewrites ``meta/info.json`` in place: a crash
+in the middle of a recording can leave the whole dataset unreadable. So we never let lerobot
+write into the dataset itself:
+
+1. **Stage.** Each episode is written by lerobot's own classes (``LeRobotDataset.create``,
+   ``add_frame``, ``save_episode``, ``finalize``) into a fresh one-episode dataset under
+   ``<root>/.staging/``. A crash here leaves only a staging directory behind.
+2. **Publish.** The committer renumbers the staged episode (``index``, ``episode_index``,
+   ``task_index``, file indices) and moves its files into the dataset under *new* file names
+   (``data/…/file-NNN.parquet``, ``videos/<cam>/…/file-NNN.mp4``,
+   ``meta/episodes/…/file-NNN.parquet``): every file is written to a hidden ``.tmp`` name,
+   fsynced, then renamed. Nothing committed is ever rewritten, only ``meta/tasks.parquet``,
+   ``meta/stats.json`` and ``meta/info.json``, each replaced atomically.
+3. **Commit point.** ``meta/info.json`` is replaced last. Its ``total_episodes`` /
+   ``total_frames`` decide what the dataset holds. Before that rename a reader sees the
+   previous dataset plus, at most, rows past ``total_frames`` in a new data file, which
+   lerobot's ``LeRobotDataset`` ignores (its length and episode list come from info.json); after
+   it, the whole episode.
+4. **Recover.** Opening a dataset to resume (:func:`recover`) deletes files of any episode past
+   ``total_episodes`` (a commit interrupted before its info.json rename), staging leftovers and
+   ``.tmp`` files, and rebuilds ``stats.json`` from the committed episodes.
+
+A ``kill -9`` therefore loses at most the episode being recorded or committed; everything
+before it stays loadable by lerobot's ``LeRobotDataset`` and ``--resume`` continues after it.
+``tests/test_recorder.py`` kills a recording process mid-episode and mid-commit to check this.
+
+Timing: see :mod:`robopolicy.data.features` — ``timestamp`` is the frame's slot
+(``frame_index / fps``, what lerobot needs to find the frame in the MP4); the real wall-clock
+time, the lateness and a late flag are stored beside it, and each episode gets a
+:class:`CadenceReport`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # datasets live on local disk; never ask the hub
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from robopolicy.data import features as F
+
+STAGING_DIR = ".staging"
+LOCK_FILE = ".robopolicy.lock"
+EPISODE_JSON = "robopolicy_episode.json"
+REPO_ID = "robopolicy/local"  # lerobot wants a repo id; with a local root it is only a label
+INFO_PATH = "meta/info.json"
+STATS_PATH = "meta/stats.json"
+TASKS_PATH = "meta/tasks.parquet"
+INDEX_KEYS = (F.INDEX, F.EPISODE_INDEX, F.TASK_INDEX)
+
+
+class DatasetError(RuntimeError):
+    """A dataset on disk is missing, corrupt or does not fit; the message names the file."""
+
+
+# --------------------------------------------------------------------------------------------
+# Durable file writes
+# --------------------------------------------------------------------------------------------
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a hidden temporary path beside ``path``; on success fsync and rename it over ``path``.
+
+    On any error (a full disk included) the temporary file is removed, ``path`` is untouched,
+    and the error is re-raised as :class:`DatasetError` naming ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    try:
+        yield tmp
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        if isinstance(exc, OSError):
+            why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+            raise DatasetError(f"{path}: could not write ({why}); the dataset on disk is unchanged") from exc
+        raise
+
+
+def atomic_write_json(path: str | Path, data: Any) -> None:
+    """Write JSON through :func:`atomic_path`."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=4, ensure_ascii=False)
+
+
+def atomic_write_table(path: str | Path, table: pa.Table) -> None:
+    """Write a parquet table through :func:`atomic_path`."""
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="snappy")
+
+
+def atomic_move(src: Path, dst: Path) -> None:
+    """Move a finished file into place (same filesystem: a rename), durably."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(dst)
+    try:
+        shutil.move(str(src), str(tmp))
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, dst)
+        fsync_dir(dst.parent)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise DatasetError(f"{dst}: could not write ({exc.strerror or exc}); the dataset on disk is unchanged") from exc
+
+
+@contextlib.contextmanager
+def dataset_lock(root: Path) -> Iterator[None]:
+    """One committer at a time per dataset (an advisory flock, released if the process dies)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK_FILE, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading metadata with clear errors
+# --------------------------------------------------------------------------------------------
+
+
+def read_info(root: Path) -> dict[str, Any]:
+    """``meta/info.json`` as a dict; a missing or corrupt file is a :class:`DatasetError`."""
+    path = Path(root) / INFO_PATH
+    if not path.is_file():
+        raise DatasetError(f"{path}: missing; {root} is not a LeRobot dataset (no meta/info.json)")
+    try:
+        info = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: corrupt JSON ({exc})") from None
+    for key in ("codebase_version", "fps", "features", "total_episodes", "total_frames"):
+        if key not in info:
+            raise DatasetError(f"{path}: missing required key {key!r}")
+    for key, ft in info["features"].items():
+        if not isinstance(ft, dict) or "dtype" not in ft or "shape" not in ft:
+            raise DatasetError(f"{path}: feature {key!r} lacks dtype/shape")
+        ft["shape"] = tuple(ft["shape"])
+    return info
+
+
+def read_parquet(path: Path, what: str) -> pa.Table:
+    """Read a parquet file; a missing or corrupt one is a :class:`DatasetError` naming it."""
+    if not path.is_file():
+        raise DatasetError(f"{path}: missing ({what})")
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(f"{path}: corrupt parquet ({what}): {exc}") from None
+
+
+def episodes_files(root: Path) -> list[Path]:
+    """The ``meta/episodes`` parquet files in lerobot's read order."""
+    return sorted((Path(root) / "meta" / "episodes").glob("*/*.parquet"))
+
+
+def read_episodes(root: Path, committed_only: bool = True) -> pa.Table | None:
+    """All episode metadata rows (stats columns included), ordered by episode index."""
+    root = Path(root)
+    tables = [read_parquet(p, "episode metadata") for p in episodes_files(root)]
+    if not tables:
+        return None
+    table = pa.concat_tables(tables, promote_options="default")
+    table = table.sort_by(F.EPISODE_INDEX)
+    if committed_only:
+        n = read_info(root)["total_episodes"]
+        mask = pc.less(table[F.EPISODE_INDEX], pa.scalar(n, pa.int64()))
+        table = table.filter(mask)
+    return table
+
+
+def feature_signature(features: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Features reduced to what must match between datasets: dtype and shape per key."""
+    return {k: (ft["dtype"], tuple(int(s) for s in ft["shape"])) for k, ft in features.items()}
+
+
+def check_same_features(expected: Mapping, actual: Mapping, where: str) -> None:
+    """Raise :class:`DatasetError` describing the first difference between two feature sets."""
+    a, b = feature_signature(expected), feature_signature(actual)
+    for key in sorted(set(a) | set(b)):
+        if key not in b:
+            raise DatasetError(f"{where}: feature {key!r} is missing (expected {a[key]})")
+        if key not in a:
+            raise DatasetError(f"{where}: unexpected feature {key!r} {b[key]}")
+        if a[key] != b[key]:
+            raise DatasetError(f"{where}: feature {key!r} has dtype/shape {b[key]}, expected {a[key]}")
+
+
+# --------------------------------------------------------------------------------------------
+# Creating, committing into and recovering a dataset
+# --------------------------------------------------------------------------------------------
+
+
+def create_dataset(root: str | Path, features: Mapping[str, Any], fps: int, robot_type: str | None = None,
+                   use_videos: bool = True) -> dict[str, Any]:
+    """Write an empty dataset's ``meta/info.json`` (atomically); lerobot's own info template."""
+    from lerobot.datasets.utils import DEFAULT_FEATURES, create_empty_dataset_info
+
+    root = Path(root)
+    if (root / INFO_PATH).exists():
+        raise DatasetError(f"{root / INFO_PATH}: a dataset already exists here (resume it, or pick a new directory)")
+    full = {**{k: dict(v, shape=tuple(v["shape"])) for k, v in features.items()}, **DEFAULT_FEATURES}
+    bad = [k for k in full if "/" in k]
+    if bad:
+        raise DatasetError(f"feature names must not contain '/': {bad}")
+    info = create_empty_dataset_info("v3.0", int(fps), full, use_videos, robot_type)
+    atomic_write_json(root / INFO_PATH, _jsonable(info))
+    return info
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def _next_file(last: tuple[int, int] | None, chunks_size: int) -> tuple[int, int]:
+    from lerobot.datasets.utils import update_chunk_file_indices
+
+    return (0, 0) if last is None else update_chunk_file_indices(last[0], last[1], chunks_size)
+
+
+def _last_file(episodes: pa.Table | None, prefix: str) -> tuple[int, int] | None:
+    if episodes is None or episodes.num_rows == 0 or f"{prefix}/chunk_index" not in episodes.column_names:
+        return None
+    pairs = zip(episodes[f"{prefix}/chunk_index"].to_pylist(), episodes[f"{prefix}/file_index"].to_pylist())
+    return max((int(c), int(f)) for c, f in pairs)
+
+
+def _stats_of(values: np.ndarray) -> dict[str, np.ndarray]:
+    from lerobot.datasets.compute_stats import get_feature_stats
+
+    return get_feature_stats(values.reshape(-1), axis=0, keepdims=True)
+
+
+def _load_stats_json(path: Path) -> dict[str, dict[str, np.ndarray]] | None:
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}: corrupt JSON ({exc})") from None
+    return {k: {s: np.asarray(v) for s, v in d.items()} for k, d in raw.items()}
+
+
+def _stats_from_rows(episodes: pa.Table) -> dict[str, dict[str, np.ndarray]] | None:
+    """Dataset stats aggregated from the per-episode ``stats/<key>/<stat>`` columns."""
+    from lerobot.datasets.compute_stats import aggregate_stats
+
+    cols = [c for c in episodes.column_names if c.startswith("stats/")]
+    if episodes.num_rows == 0 or not cols:
+        return None
+    per_episode = []
+    for row in episodes.select(cols).to_pylist():
+        ep: dict[str, dict[str, np.ndarray]] = {}
+        for col, value in row.items():
+            if value is None:
+                continue
+            key, stat = col[len("stats/"):].rsplit("/", 1)
+            ep.setdefault(key, {})[stat] = np.asarray(value)
+        per_episode.append(ep)
+    return aggregate_stats(per_episode)
+
+
+def _conform(row: pa.Table, schema: pa.Schema | None) -> pa.Table:
+    """Give a new episode row the schema of the existing episode files (lerobot reads them as one)."""
+    if schema is None:
+        return row
+    missing = [f.name for f in schema if f.name not in row.column_names]
+    for name in missing:
+        row = row.append_column(schema.field(name), pa.nulls(row.num_rows, schema.field(name).type))
+    row = row.select([f.name for f in schema])
+    return row.cast(schema)
+
+
+def commit_staged(root: str | Path, staged: str | Path) -> int:
+    """Publish a finalized one-episode staging dataset into ``root``; returns its episode index.
+
+    See the module docstring for the protocol; ``meta/info.json`` is written last.
+    """
+    from lerobot.datasets.compute_stats import aggregate_stats
+
+    root, staged = Path(root), Path(staged)
+    with dataset_lock(root):
+        info = read_info(root)
+        s_info = read_info(staged)
+        check_same_features({k: v for k, v in info["features"].items()},
+                            s_info["features"], f"staged episode {staged}")
+        if info["fps"] != s_info["fps"]:
+            raise DatasetError(f"staged episode {staged}: fps {s_info['fps']} != dataset fps {info['fps']}")
+        extra = json.loads((staged / EPISODE_JSON).read_text()) if (staged / EPISODE_JSON).is_file() else {}
+
+        episodes = read_episodes(root, committed_only=True)
+        ep_index = int(info["total_episodes"])
+        frame_offset = int(info["total_frames"])
+        chunks_size = int(info["chunks_size"])
+        video_keys = [k for k, ft in info["features"].items() if ft["dtype"] == "video"]
+
+        # Tasks: the staged episode's task strings mapped into the dataset's task table.
+        tasks_path = root / TASKS_PATH
+        tasks = read_parquet(tasks_path, "tasks").to_pandas() if tasks_path.is_file() else None
+        s_tasks = read_parquet(staged / TASKS_PATH, "tasks").to_pandas()
+        names = list(tasks.index) if tasks is not None else []
+        task_map = {}
+        for task, row in s_tasks.iterrows():
+            if task not in names:
+                names.append(task)
+            task_map[int(row["task_index"])] = names.index(task)
+        import pandas as pd
+
+        new_tasks = pd.DataFrame({"task_index": range(len(names))}, index=pd.Index(names, name=s_tasks.index.name))
+
+        # Frames: renumber and write under the next data file name.
+        data = read_parquet(staged / "data/chunk-000/file-000.parquet", "staged frames")
+        n = data.num_rows
+        new_index = np.arange(frame_offset, frame_offset + n, dtype=np.int64)
+        new_task_index = np.array([task_map[int(t)] for t in data[F.TASK_INDEX].to_pylist()], dtype=np.int64)
+        new_cols = {F.INDEX: new_index, F.EPISODE_INDEX: np.full(n, ep_index, np.int64), F.TASK_INDEX: new_task_index}
+        for key, values in new_cols.items():
+            pos = data.schema.get_field_index(key)
+            data = data.set_column(pos, data.schema.field(key), pa.array(values, data.schema.field(key).type))
+        data_file = _next_file(_last_file(episodes, "data"), chunks_size)
+
+        # Episode row: renumbered, pointing at the new files, index stats recomputed.
+        row = read_parquet(staged / "meta/episodes/chunk-000/file-000.parquet", "staged episode metadata")
+        meta_file = _next_file(_last_file(episodes, "meta/episodes"), chunks_size)
+        updates: dict[str, Any] = {
+            F.EPISODE_INDEX: ep_index,
+            "data/chunk_index": data_file[0], "data/file_index": data_file[1],
+            "dataset_from_index": frame_offset, "dataset_to_index": frame_offset + n,
+            "meta/episodes/chunk_index": meta_file[0], "meta/episodes/file_index": meta_file[1],
+        }
+        video_files = {}
+        for key in video_keys:
+            video_files[key] = _next_file(_last_file(episodes, f"videos/{key}"), chunks_size)
+            updates[f"videos/{key}/chunk_index"], updates[f"videos/{key}/file_index"] = video_files[key]
+        ep_stats = _load_stats_json(staged / STATS_PATH) or {}
+        for key, values in new_cols.items():
+            ep_stats[key] = _stats_of(values)
+            for stat, value in ep_stats[key].items():
+                updates[f"stats/{key}/{stat}"] = np.asarray(value).tolist()
+        for key, value in extra.get("columns", {}).items():
+            updates[key] = value
+        for col, value in updates.items():
+            if col in row.column_names:
+                field_ = row.schema.field(col)
+                if not pa.types.is_list(field_.type) and isinstance(value, list):
+                    value = np.asarray(value).reshape(-1)[0].item()
+                row = row.set_column(row.schema.get_field_index(col), field_, pa.array([value], field_.type))
+            else:
+                row = row.append_column(col, pa.array([value]))
+        schema = pq.read_schema(episodes_files(root)[-1]) if episodes is not None and episodes.num_rows else None
+        try:
+            row = _conform(row, schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise DatasetError(f"staged episode {staged}: episode metadata does not fit {root}'s: {exc}") from None
+
+        # Publish files (invisible to lerobot's totals until info.json changes).
+        for key in video_keys:
+            src = staged / s_info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
+            dst = root / info["video_path"].format(video_key=key, chunk_index=video_files[key][0],
+                                                   file_index=video_files[key][1])
+            if not src.is_file():
+                raise DatasetError(f"staged episode {staged}: video {src} missing")
+            atomic_move(src, dst)
+        atomic_write_table(root / info["data_path"].format(chunk_index=data_file[0], file_index=data_file[1]), data)
+        from lerobot.datasets.utils import DEFAULT_EPISODES_PATH
+
+        atomic_write_table(root / DEFAULT_EPISODES_PATH.format(chunk_index=meta_file[0], file_index=meta_file[1]), row)
+        with atomic_path(tasks_path) as tmp:
+            new_tasks.to_parquet(tmp)
+        old_stats = _load_stats_json(root / STATS_PATH) if ep_index > 0 else None
+        stats = aggregate_stats([old_stats, ep_stats]) if old_stats else ep_stats
+        atomic_write_json(root / STATS_PATH, _jsonable(stats))
+
+        # Commit point.
+        new_info = dict(info)
+        for key in video_keys:
+            if not info["features"][key].get("info") and s_info["features"][key].get("info"):
+                new_info["features"] = dict(new_info["features"])
+                new_info["features"][key] = dict(info["features"][key], info=s_info["features"][key]["info"])
+        new_info["total_episodes"] = ep_index + 1
+        new_info["total_frames"] = frame_offset + n
+        new_info["total_tasks"] = len(names)
+        new_info["splits"] = {"train": f"0:{ep_index + 1}"}
+        atomic_write_json(root / INFO_PATH, _jsonable(new_info))
+    shutil.rmtree(staged, ignore_errors=True)
+    return ep_index
+
+
+@dataclass
+class RecoveryReport:
+    """What :func:`recover` cleaned up."""
+
+    episodes: int
+    frames: int
+    removed: list[str] = field(default_factory=list)
+
+
+def recover(root: str | Path) -> RecoveryReport:
+    """Bring a dataset back to exactly its committed episodes (after a crash), ready to append."""
+    root = Path(root)
+    removed: list[str] = []
+    with dataset_lock(root):
+        info = read_info(root)
+        n = int(info["total_episodes"])
+        staging = root / STAGING_DIR
+        if staging.exists():
+            shutil.rmtree(staging)
+            removed.append(str(staging))
+        for tmp in root.rglob(".*.tmp"):
+            tmp.unlink()
+            removed.append(str(tmp))
+        for path in episodes_files(root):
+            table = read_parquet(path, "episode metadata")
+            idx = np.asarray(table[F.EPISODE_INDEX].to_pylist())
+            if len(idx) and (idx >= n).all():
+                path.unlink()
+                removed.append(str(path))
+            elif (idx >= n).any():
+                keep = pc.less(table[F.EPISODE_INDEX], pa.scalar(n, pa.int64()))
+                atomic_write_table(path, table.filter(keep))
+                removed.append(f"{path} (rows past episode {n - 1})")
+        episodes = read_episodes(root, committed_only=True)
+        referenced = set()
+        if episodes is not None:
+            for c, f in zip(episodes["data/chunk_index"].to_pylist(), episodes["data/file_index"].to_pylist()):
+                referenced.add(root / info["data_path"].format(chunk_index=c, file_index=f))
+            for key in [k for k, ft in info["features"].items() if ft["dtype"] == "video"]:
+                for c, f in zip(episodes[f"videos/{key}/chunk_index"].to_pylist(),
+                                episodes[f"videos/{key}/file_index"].to_pylist()):
+                    referenced.add(root / info["video_path"].format(video_key=key, chunk_index=c, file_index=f))
+        for path in list((root / "data").glob("*/*.parquet")) + list((root / "videos").glob("*/*/*.mp4")):
+            if path not in referenced:
+                path.unlink()
+                removed.append(str(path))
+        frames = int(sum(episodes["length"].to_pylist())) if episodes is not None else 0
+        if frames != info["total_frames"]:
+            raise DatasetError(f"{root / INFO_PATH}: total_frames={info['total_frames']} but the committed "
+                               f"episodes hold {frames} frames")
+        if removed and episodes is not None and episodes.num_rows:
+            stats = _stats_from_rows(episodes)
+            if stats is not None:
+                atomic_write_json(root / STATS_PATH, _jsonable(stats))
+    return RecoveryReport(episodes=n, frames=frames, removed=removed)
+
+
+# --------------------------------------------------------------------------------------------
+# Recording
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CadenceReport:
+    """How well an episode's frames kept the recording rate (lateness = arrival - slot, >= 0)."""
+
+    frames: int
+    period_s: float
+    mean_interval_s: float
+    mean_lateness_s: float
+    p99_lateness_s: float
+    max_lateness_s: float
+    late_frames: int
+    late_after_s: float
+
+    @classmethod
+    def from_lateness(cls, wall: np.ndarray, fps: int, late_after_s: float) -> "CadenceReport":
+        period = 1.0 / fps
+        late = np.maximum(wall - np.arange(len(wall)) * period, 0.0)
+        intervals = np.diff(wall)
+        return cls(
+            frames=int(len(wall)),
+            period_s=period,
+            mean_interval_s=float(intervals.mean()) if len(intervals) else 0.0,
+            mean_lateness_s=float(late.mean()) if len(late) else 0.0,
+            p99_lateness_s=float(np.quantile(late, 0.99)) if len(late) else 0.0,
+            max_lateness_s=float(late.max()) if len(late) else 0.0,
+            late_frames=int((late > late_after_s).sum()),
+            late_after_s=late_after_s,
+        )
+
+    def line(self) -> str:
+        """One-line summary."""
+        return (f"{self.frames} frames, period {self.period_s * 1e3:.1f} ms (mean interval "
+                f"{self.mean_interval_s * 1e3:.1f} ms), lateness mean {self.mean_lateness_s * 1e3:.1f} / "
+                f"p99 {self.p99_lateness_s * 1e3:.1f} / max {self.max_lateness_s * 1e3:.1f} ms, "
+                f"{self.late_frames} late (> {self.late_after_s * 1e3:.1f} ms)")
+
+
+@dataclass
+class EpisodeSummary:
+    """A committed (or staged) episode."""
+
+    episode_index: int | None
+    frames: int
+    success: bool
+    task: str
+    cadence: CadenceReport
+    seed: int | None = None
+    staged_path: str | None = None
+
+
+class StagedEpisode:
+    """One episode written by lerobot into its own staging dataset (``<root>/.staging/<name>``).
+
+    Worker processes use this directly and hand the staged path to the process that commits
+    (:func:`commit_staged`); :class:`EpisodeRecorder` does both in one process.
+    """
+
+    def __init__(self, staging_dir: str | Path, features: Mapping[str, Any], fps: int,
+                 robot_type: str | None = None, vcodec: str = "libsvtav1",
+                 late_after_s: float | None = None, use_videos: bool = True):
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+        self.path = Path(staging_dir)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fps = int(fps)
+        self.features = {k: v for k, v in features.items() if k not in (F.TIMESTAMP, F.FRAME_INDEX,
+                                                                     F.EPISODE_INDEX, F.INDEX, F.TASK_INDEX)}
+        self.late_after_s = 0.5 / self.fps if late_after_s is None else float(late_after_s)
+        has_video = any(ft["dtype"] == "video" for ft in self.features.values())
+        self._ds = LeRobotDataset.create(
+            REPO_ID, fps=self.fps, features=dict(self.features), root=self.path, robot_type=robot_type,
+            use_videos=use_videos, vcodec=vcodec, streaming_encoding=has_video, video_backend="pyav",
+        )
+        self._t0: float | None = None
+        self._wall: list[float] = []
+        self._task: str | None = None
+        self._last_success = False
+
+    @property
+    def frames(self) -> int:
+        return len(self._wall)
+
+    def add_frame(self, frame: Mapping[str, Any], task: str, wall_time: float | None = None) -> float:
+        """Add one frame (feature key -> value); returns its lateness in seconds.
+
+        ``wall_time`` is seconds since the episode's first frame; by default the recorder's own
+        monotonic clock. Missing ``intervention`` / ``next.*`` values default to False / 0.
+        """
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        wall = (now - self._t0) if wall_time is None else float(wall_time)
+        index = len(self._wall)
+        lateness = wall - index / self.fps
+        out: dict[str, Any] = {}
+        for key, ft in self.features.items():
+            if key in frame:
+                value = frame[key]
+            elif key == F.WALL_TIME:
+                value = wall
+            elif key == F.LATENESS:
+                value = lateness
+            elif key == F.LATE:
+                value = lateness > self.late_after_s
+            elif key in (F.INTERVENTION, F.REWARD, F.DONE, F.SUCCESS):
+                value = 0
+            else:
+                raise ValueError(f"frame {index}: feature {key!r} missing (frame keys: {sorted(frame)})")
+            out[key] = F.frame_value(key, value, ft)
+        unknown = sorted(set(frame) - set(self.features) - {F.TASK, F.TIMESTAMP})
+        if unknown:
+            raise ValueError(f"frame {index}: keys {unknown} are not features of this dataset")
+        out["task"] = str(task)
+        # No "timestamp": lerobot stamps frame_index / fps, the frame's slot in the video (features.py).
+        self._ds.add_frame(out)
+        self._wall.append(wall)
+        self._task = str(task)
+        self._last_success = bool(np.asarray(out.get(F.SUCCESS, False)).any())
+        return lateness
+
+    def save(self, success: bool | None = None, seed: int | None = None,
+             metadata: Mapping[str, Any] | None = None) -> EpisodeSummary:
+        """Encode and finalize the staged episode (``next.done`` set on its last frame)."""
+        if not self._wall:
+            raise ValueError("cannot save an empty episode (add at least one frame)")
+        buf = self._ds.episode_buffer
+        if F.DONE in buf:
+            buf[F.DONE][-1] = np.ones((1,), dtype=bool)
+        success = self._last_success if success is None else bool(success)
+        cadence = CadenceReport.from_lateness(np.asarray(self._wall), self.fps, self.late_after_s)
+        self._ds.save_episode()
+        self._ds.finalize()
+        columns = {
+            F.EPISODE_SUCCESS: success,
+            F.EPISODE_SEED: -1 if seed is None else int(seed),
+            F.EPISODE_LATE_FRAMES: cadence.late_frames,
+            F.EPISODE_MAX_LATENESS: cadence.max_lateness_s,
+        }
+        columns.update(metadata or {})
+        (self.path / EPISODE_JSON).write_text(json.dumps({"columns": columns, "cadence": asdict(cadence)}))
+        return EpisodeSummary(None, len(self._wall), success, self._task or "", cadence, seed, str(self.path))
+
+    def discard(self) -> None:
+        """Drop the staged episode (nothing was committed)."""
+        with contextlib.suppress(Exception):
+            self._ds.finalize()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class EpisodeRecorder:
+    """Records episodes into a LeRobot v3.0 dataset at ``root``, committing each atomically.
+
+    >>> rec = EpisodeRecorder(root, features=env_features(env), fps=10)   # or resume=True
+    >>> rec.start_episode(seed=0)
+    >>> rec.add_frame({...feature values...}, task="follow the person in red")
+    >>> summary = rec.save_episode()        # commit; summary.cadence is the CadenceReport
+
+    A kill at any point loses at most the episode in progress; ``EpisodeRecorder(root,
+    resume=True)`` cleans up after it and continues numbering.
+    """
+
+    def __init__(self, root: str | Path, features: Mapping[str, Any] | None = None, fps: int | None = None,
+                 robot_type: str | None = None, resume: bool = False, vcodec: str = "libsvtav1",
+                 late_after_s: float | None = None):
+        self.root = Path(root)
+        self.vcodec = vcodec
+        self.late_after_s = late_after_s
+        if (self.root / INFO_PATH).exists():
+            if not resume:
+                raise DatasetError(f"{self.root}: a dataset already exists; pass resume=True (--resume) to "
+                                   f"continue it or choose a new directory")
+            self.recovery = recover(self.root)
+            info = read_info(self.root)
+            if features is not None:
+                user = {k: v for k, v in features.items()}
+                stored = {k: v for k, v in info["features"].items() if k in user}
+                check_same_features(user, stored, f"resume {self.root}")
+            if fps is not None and int(fps) != info["fps"]:
+                raise DatasetError(f"{self.root / INFO_PATH}: dataset fps is {info['fps']}, recorder asked for {fps}")
+        else:
+            if features is None or fps is None:
+                raise DatasetError(f"{self.root}: no dataset here; features and fps are needed to create one")
+            info = create_dataset(self.root, features, fps, robot_type)
+            self.recovery = None
+        self.info = info
+        self.fps = int(info["fps"])
+        self.robot_type = info.get("robot_type")
+        self.features = {k: v for k, v in info["features"].items()}
+        self._episode: StagedEpisode | None = None
+        self._seed: int | None = None
+
+    @property
+    def num_episodes(self) -> int:
+        return int(read_info(self.root)["total_episodes"])
+
+    def start_episode(self, seed: int | None = None) -> None:
+        """Begin a new episode (discarding an unsaved one)."""
+        if self._episode is not None:
+            self._episode.discard()
+        staging = self.root / STAGING_DIR / f"ep-{uuid.uuid4().hex[:12]}"
+        self._episode = StagedEpisode(staging, self.features, self.fps, self.robot_type, self.vcodec,
+                                      self.late_after_s)
+        self._seed = seed
+
+    def add_frame(self, frame: Mapping[str, Any], task: str, wall_time: float | None = None) -> float:
+        """Add a frame to the current episode; returns its lateness (s). See StagedEpisode.add_frame."""
+        if self._episode is None:
+            self.start_episode()
+        return self._episode.add_frame(frame, task, wall_time)
+
+    def save_episode(self, success: bool | None = None, metadata: Mapping[str, Any] | None = None) -> EpisodeSummary:
+        """Encode, stage and commit the current episode; returns its summary (with cadence)."""
+        if self._episode is None:
+            raise ValueError("no episode in progress")
+        episode, self._episode = self._episode, None
+        try:
+            summary = episode.save(success=success, seed=self._seed, metadata=metadata)
+            summary.episode_index = commit_staged(self.root, episode.path)
+        except BaseException:
+            shutil.rmtree(episode.path, ignore_errors=True)
+            raise
+        return summary
+
+    def discard_episode(self) -> None:
+        """Drop the episode in progress."""
+        if self._episode is not None:
+            self._episode.discard()
+            self._episode = None
+
+    def close(self) -> None:
+        """Discard any unsaved episode and remove the staging area."""
+        self.discard_episode()
+        shutil.rmtree(self.root / STAGING_DIR, ignore_errors=True)
+
+    def __enter__(self) -> "EpisodeRecorder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
