@@ -40,6 +40,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from robopolicy.data.stats import ImageStats, StreamingStats, load_stats, save_stats
+from robopolicy.data.errors import DatasetError
 
 CACHE_FORMAT = 1
 CAMERA_DTYPES = ("video", "image")
@@ -50,10 +51,6 @@ CONVERT_V21 = (
 )
 _MAX_UINT64 = 2**64 - 1
 BOOKKEEPING_KEYS = ("timestamp", "frame_index", "episode_index", "index", "task_index")  # no stats
-
-
-class DatasetError(ValueError):
-    """A dataset directory or a request on it is unusable; the message names the file or feature."""
 
 
 # --------------------------------------------------------------------------- source dataset

@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from robopolicy.data import features as F
+from robopolicy.data.errors import DatasetError
 
 STAGING_DIR = ".staging"
 LOCK_FILE = ".robopolicy.lock"
@@ -64,10 +65,6 @@ INFO_PATH = "meta/info.json"
 STATS_PATH = "meta/stats.json"
 TASKS_PATH = "meta/tasks.parquet"
 INDEX_KEYS = (F.INDEX, F.EPISODE_INDEX, F.TASK_INDEX)
-
-
-class DatasetError(RuntimeError):
-    """A dataset on disk is missing, corrupt or does not fit; the message names the file."""
 
 
 # --------------------------------------------------------------------------------------------
