@@ -1,0 +1,12 @@
+"""The control node: fixed-rate loop, action scheduling, safety filter, faults and timing."""
+
+from hardware.control.faults import Fault, FaultLatch
+from hardware.control.node import ControlNode, NodeConfig
+from hardware.control.safety import NonFiniteCommand, SafetyFilter
+from hardware.control.scheduler import ActionScheduler, Chunk, WaypointFollower
+from hardware.control.source import ActionSource, PolicyWorkerSource
+
+__all__ = [
+    "ActionScheduler", "ActionSource", "Chunk", "ControlNode", "Fault", "FaultLatch", "NodeConfig",
+    "NonFiniteCommand", "PolicyWorkerSource", "SafetyFilter", "WaypointFollower",
+]

@@ -1,0 +1,96 @@
+"""SafetyFilter: every command passes here between the scheduler and the driver.
+
+In order: non-finite values → fault (the command is refused, never "repaired"); clamp to the
+command bounds; clamp the change per tick (rate limit: joint velocity for an arm, acceleration
+for a base) and the change of that change (joint acceleration / jerk); then the workspace box:
+a command whose workspace point (e.g. the tool-centre point from forward kinematics) falls
+outside the box is replaced by the previous safe command. Every clamp is counted by kind.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+import numpy as np
+
+from hardware.drivers.base import DriverSpec
+
+
+class NonFiniteCommand(ValueError):
+    """The command contains NaN or inf: a fault, not something to clamp."""
+
+
+class SafetyFilter:
+    def __init__(
+        self,
+        spec: DriverSpec,
+        dt: float,
+        max_step: np.ndarray | float | None = None,
+        workspace_low: np.ndarray | None = None,
+        workspace_high: np.ndarray | None = None,
+        workspace_point: Callable[[np.ndarray], np.ndarray] | None = None,
+    ):
+        self.spec, self.dt = spec, float(dt)
+        n = spec.dim
+        self.low, self.high = spec.command_low, spec.command_high
+        self.max_rate, self.max_rate2 = spec.max_rate, spec.max_rate2
+        self.max_step = None if max_step is None else np.broadcast_to(np.asarray(max_step, float), (n,)).copy()
+        if (workspace_low is None) != (workspace_high is None):
+            raise ValueError("give both workspace_low and workspace_high, or neither")
+        self.ws_low = None if workspace_low is None else np.asarray(workspace_low, float)
+        self.ws_high = None if workspace_high is None else np.asarray(workspace_high, float)
+        if self.ws_low is not None and workspace_point is None:
+            raise ValueError("a workspace box needs workspace_point (command -> point)")
+        self.workspace_point = workspace_point
+        self.counts: Counter[str] = Counter()
+        self.prev: np.ndarray | None = None
+        self.prev_rate = np.zeros(n)
+
+    def reset(self, current: np.ndarray) -> None:
+        """Start from ``current`` (arm: measured position; base: measured twist), at rest."""
+        self.prev = np.asarray(current, dtype=np.float64).copy()
+        self.prev_rate = np.zeros(self.spec.dim)
+
+    def __call__(self, command: np.ndarray) -> np.ndarray:
+        cmd = np.asarray(command, dtype=np.float64)
+        if cmd.shape != (self.spec.dim,):
+            self.counts["bad_shape"] += 1
+            raise NonFiniteCommand(f"command shape {cmd.shape} != ({self.spec.dim},)")
+        if not np.all(np.isfinite(cmd)):
+            self.counts["non_finite"] += 1
+            raise NonFiniteCommand(f"non-finite command {cmd.tolist()}")
+        out = np.clip(cmd, self.low, self.high)
+        if not np.array_equal(out, cmd):
+            self.counts["position" if self.spec.kind == "arm" else "command"] += 1
+        if self.prev is None:
+            self.reset(out)
+            return out.copy()
+        delta = out - self.prev
+        if self.max_step is not None:
+            d2 = np.clip(delta, -self.max_step, self.max_step)
+            if not np.array_equal(d2, delta):
+                self.counts["step"] += 1
+            delta = d2
+        if self.max_rate is not None:
+            lim = self.max_rate * self.dt
+            d2 = np.clip(delta, -lim, lim)
+            if not np.array_equal(d2, delta):
+                self.counts["velocity" if self.spec.kind == "arm" else "acceleration"] += 1
+            delta = d2
+        if self.max_rate2 is not None:
+            lim = self.max_rate2 * self.dt * self.dt
+            base = self.prev_rate * self.dt
+            d2 = np.clip(delta, base - lim, base + lim)
+            if not np.array_equal(d2, delta):
+                self.counts["acceleration" if self.spec.kind == "arm" else "jerk"] += 1
+            delta = d2
+        out = np.clip(self.prev + delta, self.low, self.high)
+        if self.ws_low is not None:
+            p = self.workspace_point(out)
+            if np.any(p < self.ws_low) or np.any(p > self.ws_high):
+                self.counts["workspace"] += 1
+                out = self.prev.copy()
+        self.prev_rate = (out - self.prev) / self.dt
+        self.prev = out
+        return out.copy()

@@ -1,0 +1,226 @@
+"""ActionScheduler (time-stamped action chunks → a command at any instant) and WaypointFollower.
+
+Time: every chunk is anchored at ``t_obs``, the node's monotonic time of the observation it was
+computed from; step ``i`` is meant for ``t_obs + i * dt``. When a chunk arrives, the steps whose
+time has already passed are dropped (latency compensation) and counted. Between steps the
+command is interpolated linearly, so a 20 Hz policy drives a 500 Hz loop smoothly.
+
+Blending overlapping chunks:
+
+* ``"ensemble"`` — temporal ensembling (ACT): every chunk covering ``t`` votes with weight
+  ``exp(-k * i)``, ``i = 0`` for the oldest chunk (older predictions count more; larger ``k``
+  trusts the oldest even more).
+* ``"rtc"`` — real-time-chunking crossfade: the newest chunk takes over from the previous
+  plan over ``crossfade`` seconds after it arrives (linear weight ramp), so the in-flight plan
+  is never cut off abruptly.
+* ``"latest"`` — the newest chunk only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+BLENDS = ("ensemble", "rtc", "latest")
+
+
+@dataclass
+class Chunk:
+    """``values (H, A)`` for steps at ``t_obs + i * dt``; ``kind``: "action" or "waypoints"."""
+
+    values: np.ndarray
+    t_obs: float
+    dt: float
+    kind: str = "action"
+    t_received: float = 0.0
+    seq: int = 0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def t_end(self) -> float:
+        return self.t_obs + (len(self.values) - 1) * self.dt
+
+
+def _interp(values: np.ndarray, t0: float, dt: float, t: float) -> np.ndarray:
+    """Linear interpolation of the step sequence ``values`` (steps at t0 + i*dt) at time t."""
+    x = (t - t0) / dt
+    if x <= 0:
+        return values[0]
+    i = int(x)
+    if i >= len(values) - 1:
+        return values[-1]
+    f = x - i
+    return values[i] * (1.0 - f) + values[i + 1] * f
+
+
+class ActionScheduler:
+    """Holds time-stamped chunks; :meth:`command_at` gives the blended command for time ``t``."""
+
+    def __init__(self, blend: str = "ensemble", ensemble_k: float = 0.01, crossfade: float = 0.1,
+                 max_chunks: int = 10, hold_last: float = 0.0):
+        if blend not in BLENDS:
+            raise ValueError(f"blend must be one of {BLENDS}, got {blend!r}")
+        if ensemble_k < 0 or crossfade < 0 or hold_last < 0:
+            raise ValueError("ensemble_k, crossfade and hold_last must be >= 0")
+        self.blend, self.k, self.crossfade, self.hold_last = blend, float(ensemble_k), float(crossfade), float(hold_last)
+        self.chunks: deque[_Active] = deque(maxlen=max_chunks)
+        self.dropped_steps = 0
+        self.dropped_chunks = 0
+        self.received = 0
+        self.last_fresh = -math.inf  # time the newest accepted chunk arrived
+
+    def reset(self) -> None:
+        self.chunks.clear()
+        self.last_fresh = -math.inf
+
+    def add(self, chunk: Chunk, now: float) -> int:
+        """Accept ``chunk`` at time ``now``; returns how many of its steps were already late."""
+        values = np.asarray(chunk.values, dtype=np.float64)
+        if values.ndim != 2 or len(values) == 0:
+            raise ValueError(f"a chunk must be (H, A) with H >= 1, got shape {values.shape}")
+        if chunk.dt <= 0:
+            raise ValueError("chunk dt must be > 0")
+        self.received += 1
+        # Steps strictly before the previous step boundary are late: drop them, but keep one step
+        # before `now` so interpolation starts from where the plan is at `now`.
+        late = int(math.floor((now - chunk.t_obs) / chunk.dt))
+        late = max(0, min(late, len(values)))
+        if late >= len(values):
+            self.dropped_steps += len(values)
+            self.dropped_chunks += 1
+            return len(values)
+        self.dropped_steps += late
+        self.chunks.append(_Active(values[late:], chunk.t_obs + late * chunk.dt, chunk.dt, now))
+        self.last_fresh = now
+        return late
+
+    def _covering(self, t: float) -> list[_Active]:
+        while self.chunks and self.chunks[0].t_end + self.hold_last < t and len(self.chunks) > 1:
+            self.chunks.popleft()  # expired (keep the newest as the fallback plan)
+        return [c for c in self.chunks if c.t0 - 1e-9 <= t <= c.t_end + self.hold_last + 1e-9]
+
+    def command_at(self, t: float) -> np.ndarray | None:
+        """The blended command for time ``t``, or None when no chunk covers ``t``."""
+        active = self._covering(t)
+        if not active:
+            return None
+        if self.blend == "latest" or len(active) == 1:
+            return _interp(active[-1].values, active[-1].t0, active[-1].dt, t)
+        if self.blend == "ensemble":
+            acc, wsum = 0.0, 0.0
+            for i, c in enumerate(active):  # oldest first
+                w = math.exp(-self.k * i)
+                acc = acc + w * _interp(c.values, c.t0, c.dt, t)
+                wsum += w
+            return acc / wsum
+        # rtc crossfade: fold from the oldest plan to the newest, each taking over on arrival
+        out = _interp(active[0].values, active[0].t0, active[0].dt, t)
+        for c in active[1:]:
+            a = 1.0 if self.crossfade == 0 else min(1.0, max(0.0, (t - c.t_arrived) / self.crossfade))
+            out = (1.0 - a) * out + a * _interp(c.values, c.t0, c.dt, t)
+        return out
+
+    def planned(self, t: float, n: int, dt: float) -> np.ndarray | None:
+        """The next ``n`` commands at spacing ``dt`` from ``t`` (the in-flight plan, for RTC
+        conditioning of the next inference), or None when nothing is planned."""
+        rows = [self.command_at(t + i * dt) for i in range(n)]
+        if rows[0] is None:
+            return None
+        last = rows[0]
+        out = []
+        for r in rows:
+            last = r if r is not None else last
+            out.append(last)
+        return np.stack(out)
+
+
+@dataclass
+class _Active:
+    values: np.ndarray
+    t0: float
+    dt: float
+    t_arrived: float
+
+    @property
+    def t_end(self) -> float:
+        return self.t0 + (len(self.values) - 1) * self.dt
+
+
+class WaypointFollower:
+    """Robot-frame waypoints ``(K, 3)`` → twist ``(v, omega)`` at control rate by pure pursuit.
+
+    Waypoints are stated in the robot frame at ``t_obs``; the follower keeps a short odometry
+    history (integrated from the twists actually sent), so a late set is re-expressed in the
+    robot's current frame and the waypoints whose time has passed are skipped.
+    """
+
+    def __init__(self, v_max: float, omega_max: float, lookahead: float = 0.4, history_s: float = 5.0):
+        from sim_envs.person_follow.waypoints import pure_pursuit  # numpy-only
+
+        self._pure_pursuit = pure_pursuit
+        self.v_max, self.omega_max, self.lookahead = float(v_max), float(omega_max), float(lookahead)
+        self.pose = np.zeros(3)  # odometry frame
+        self.t_pose = None
+        self._history: deque[tuple[float, np.ndarray]] = deque()
+        self.history_s = float(history_s)
+        self._plan: tuple[np.ndarray, float, float] | None = None  # (odom-frame waypoints, t_obs, dt)
+        self.dropped_steps = 0
+        self.received = 0
+        self.last_fresh = -math.inf
+
+    def reset(self) -> None:
+        self._plan = None
+        self.last_fresh = -math.inf
+
+    def integrate(self, twist: np.ndarray, t: float) -> None:
+        """Advance odometry to ``t`` with the twist that was in force since the last call."""
+        if self.t_pose is not None:
+            h = t - self.t_pose
+            v, w = float(twist[0]), float(twist[1])
+            x, y, th = self.pose
+            self.pose = np.array([x + v * h * math.cos(th + 0.5 * w * h), y + v * h * math.sin(th + 0.5 * w * h), th + w * h])
+        self.t_pose = t
+        self._history.append((t, self.pose.copy()))
+        while self._history and self._history[0][0] < t - self.history_s:
+            self._history.popleft()
+
+    def _pose_at(self, t: float) -> np.ndarray:
+        for tt, p in reversed(self._history):
+            if tt <= t:
+                return p
+        return self._history[0][1] if self._history else self.pose
+
+    def add(self, chunk: Chunk, now: float) -> int:
+        wp = np.asarray(chunk.values, dtype=np.float64)
+        if wp.ndim != 2 or wp.shape[1] != 3 or len(wp) == 0:
+            raise ValueError(f"waypoints must be (K, 3), got {wp.shape}")
+        self.received += 1
+        ox, oy, oth = self._pose_at(chunk.t_obs)
+        c, s = math.cos(oth), math.sin(oth)
+        odom = np.stack([ox + c * wp[:, 0] - s * wp[:, 1], oy + s * wp[:, 0] + c * wp[:, 1], oth + wp[:, 2]], axis=1)
+        self._plan = (odom, chunk.t_obs, chunk.dt)
+        self.last_fresh = now
+        late = max(0, min(len(wp), int(math.floor((now - chunk.t_obs) / chunk.dt))))
+        self.dropped_steps += late
+        return late
+
+    def command_at(self, t: float) -> np.ndarray | None:
+        if self._plan is None:
+            return None
+        odom, t_obs, dt = self._plan
+        first = int(math.floor((t - t_obs) / dt))  # waypoint i is for t_obs + (i + 1) * dt
+        first = max(0, first)
+        if first >= len(odom):
+            return None
+        x, y, th = self.pose
+        c, s = math.cos(th), math.sin(th)
+        rest = odom[first:]
+        dx, dy = rest[:, 0] - x, rest[:, 1] - y
+        robot = np.stack([c * dx + s * dy, -s * dx + c * dy, rest[:, 2] - th], axis=1)
+        # the first remaining waypoint is due (first + 1) * dt after t_obs: rescale to the time left
+        due = t_obs + (first + 1) * dt - t
+        v, w = self._pure_pursuit(robot, self.v_max, self.omega_max, max(due, 0.25 * dt), self.lookahead)
+        return np.array([v, w])

@@ -1,0 +1,52 @@
+"""``robopolicy run``: drive a robot (simulated or real) with a policy through the control node.
+
+    robopolicy run --robot configs/robots/sim_arm.yaml --policy sine --duration 10
+    robopolicy run --robot configs/robots/sim_base.yaml --policy arc:v=0.3,omega=0.2
+    robopolicy run --config deploy.yaml robot.loop.rate_hz=250
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from robopolicy.config import build, deep_merge, load_yaml, parse_overrides
+from robopolicy.deploy.run import RunConfig, run
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run the real-time control node with a policy worker (sim or real robot)")
+    p.add_argument("--config", help="YAML RunConfig (robot, policy, duration, report)")
+    p.add_argument("--robot", help="YAML robot config (configs/robots/*.yaml); replaces the config's robot")
+    p.add_argument("--policy", help="checkpoint directory or scripted spec: hold, sine[:amp=..], arc[:v=..], replay:FILE.npz")
+    p.add_argument("--duration", type=float, help="seconds to run (default: until q + Enter or Ctrl-C)")
+    p.add_argument("--report", help="where to write the JSON timing report")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_run)
+
+
+def load_run_config(args: argparse.Namespace) -> RunConfig:
+    data = load_yaml(args.config) if args.config else {}
+    source = args.config or "<defaults>"
+    if args.robot:
+        data["robot"] = load_yaml(args.robot)
+        source += f" + {args.robot}"
+    flags = {k: getattr(args, k) for k in ("policy", "duration", "report") if getattr(args, k) is not None}
+    data = deep_merge(data, flags)
+    if args.overrides:
+        data = deep_merge(data, parse_overrides(args.overrides))
+        source += " + overrides"
+    return build(RunConfig, data, source)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_run_config(args)
+    report = run(cfg)
+    t = report["timing"]
+    late = t["lateness_us"]
+    print(f"run: {t['ticks']} ticks at {report['rate_hz']:.0f} Hz, lateness p50 {late['p50']:.0f} us, "
+          f"p99 {late['p99']:.0f} us, max {late['max']:.0f} us, missed deadlines {t['missed_deadlines']}, "
+          f"skipped ticks {t['skipped_ticks']}; faults: {[f['code'] for f in report['faults']] or 'none'}")
+    if report.get("task"):
+        print(f"task: {report['task']}")
+    print(f"timing report: {cfg.report}")
+    return 0

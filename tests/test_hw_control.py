@@ -1,0 +1,191 @@
+"""ActionScheduler, WaypointFollower, SafetyFilter and the ControlNode's faults (in-process)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from hardware.control import ActionScheduler, Chunk, ControlNode, NodeConfig, NonFiniteCommand, SafetyFilter, WaypointFollower
+from hardware.drivers.base import DriverSpec
+from test_hw_doubles import PointDriver, ScriptSource, wait_for
+
+BOUND = 0.1  # generous bound on "within one control period" for a shared CI machine (s)
+
+
+# -- scheduler ----------------------------------------------------------------------------------
+def test_late_steps_are_dropped_and_steps_interpolated():
+    s = ActionScheduler("latest")
+    values = np.arange(10, dtype=float)[:, None]  # step i = value i, 20 Hz
+    late = s.add(Chunk(values, t_obs=100.0, dt=0.05), now=100.12)  # arrived 120 ms after the observation
+    assert late == 2 and s.dropped_steps == 2
+    assert s.command_at(100.125)[0] == pytest.approx(2.5)  # between steps 2 and 3, at control rate
+    assert s.command_at(100.45)[0] == pytest.approx(9.0)
+    assert s.command_at(100.46) is None  # past the chunk: nothing due
+    assert s.add(Chunk(values, 100.0, 0.05), now=101.0) == 10 and s.dropped_chunks == 1
+
+
+def test_temporal_ensembling_weights_older_chunks_more():
+    s = ActionScheduler("ensemble", ensemble_k=1.0)
+    s.add(Chunk(np.zeros((10, 1)), 0.0, 0.1), now=0.0)
+    s.add(Chunk(np.ones((10, 1)), 0.0, 0.1), now=0.01)
+    w0, w1 = 1.0, math.exp(-1.0)
+    assert s.command_at(0.5)[0] == pytest.approx(w1 / (w0 + w1))
+
+
+def test_rtc_crossfade_hands_over_from_the_old_plan_to_the_new():
+    s = ActionScheduler("rtc", crossfade=0.1)
+    s.add(Chunk(np.zeros((20, 1)), 0.0, 0.05), now=0.0)
+    s.add(Chunk(np.ones((20, 1)), 0.2, 0.05), now=0.3)
+    assert s.command_at(0.3)[0] == pytest.approx(0.0)
+    assert s.command_at(0.35)[0] == pytest.approx(0.5)
+    assert s.command_at(0.45)[0] == pytest.approx(1.0)
+
+
+def test_waypoint_follower_compensates_for_motion_since_the_observation():
+    f = WaypointFollower(v_max=1.0, omega_max=1.0, lookahead=0.3)
+    f.integrate(np.zeros(2), 0.0)
+    wp = np.array([[0.1 * (i + 1), 0.0, 0.0] for i in range(8)])  # straight ahead at 1 m/s, dt 0.1
+    f.add(Chunk(wp, 0.0, 0.1, kind="waypoints"), now=0.0)
+    v, w = f.command_at(0.0)
+    assert v == pytest.approx(1.0, rel=0.05) and abs(w) < 1e-6
+    # the robot turned left by 0.3 rad since: the same plan now needs a right turn
+    f.pose = np.array([0.0, 0.0, 0.3])
+    v, w = f.command_at(0.05)
+    assert w < -0.1
+
+
+# -- safety -------------------------------------------------------------------------------------
+def _spec():
+    return DriverSpec("arm", ("a", "b"), [-1, -1], [1, 1], max_rate=10.0, max_rate2=100.0, rate_hz=100)
+
+
+def test_safety_clamps_are_counted_and_non_finite_is_refused():
+    f = SafetyFilter(_spec(), dt=0.01)
+    f.reset(np.zeros(2))
+    out = f(np.array([5.0, 0.0]))  # beyond the position bound and the velocity limit
+    assert out[0] == pytest.approx(0.01) and out[1] == 0.0  # acceleration: 100 * 0.01^2 per tick
+    assert f.counts["position"] == 1 and f.counts["velocity"] == 1 and f.counts["acceleration"] == 1
+    with pytest.raises(NonFiniteCommand):
+        f(np.array([np.nan, 0.0]))
+    assert f.counts["non_finite"] == 1
+
+
+def test_safety_workspace_box_keeps_the_last_safe_command():
+    f = SafetyFilter(_spec(), dt=0.01, workspace_low=np.array([-0.5]), workspace_high=np.array([0.05]),
+                     workspace_point=lambda q: q[:1])
+    f.reset(np.zeros(2))
+    for _ in range(20):
+        out = f(np.array([1.0, 0.0]))
+    assert out[0] <= 0.05 and f.counts["workspace"] > 0
+
+
+# -- node ---------------------------------------------------------------------------------------
+def _node(driver, source, **cfg):
+    sched = ActionScheduler("latest")
+    safety = SafetyFilter(driver.spec, 1.0 / driver.spec.rate_hz)
+    node = ControlNode(driver, source, sched, safety, NodeConfig(**cfg))
+    node.start()
+    return node
+
+
+def _moving(state, t):
+    return np.array([[0.3 * math.sin(t + 0.05 * i)] * 3 for i in range(20)])
+
+
+@pytest.fixture
+def moving_node():
+    drv = PointDriver()
+    src = ScriptSource(_moving)
+    node = _node(drv, src)
+    assert wait_for(lambda: drv.writes > 50)
+    yield node, drv, src
+    node.close()
+
+
+def test_estop_during_motion_stops_within_a_period_and_latches(moving_node):
+    node, drv, _ = moving_node
+    t = time.monotonic()
+    node.estop("test")
+    assert wait_for(lambda: drv.stops)
+    latency = drv.stops[0] - t
+    assert latency < BOUND, latency
+    assert node.fault.code == "estop" and node.fault.stop_latency < BOUND
+    writes = drv.writes
+    time.sleep(0.05)
+    assert drv.writes == writes  # latched: no policy command reaches the driver
+    assert node._thread.is_alive() and node.status()["fault"].startswith("estop")
+    assert node.reset()
+    assert wait_for(lambda: drv.writes > writes + 10)  # explicit reset resumes
+
+
+def test_driver_exception_faults_and_node_stays_up(moving_node):
+    node, drv, _ = moving_node
+    drv.fail_read = True
+    assert wait_for(lambda: node.fault is not None)
+    assert node.fault.code == "driver_error" and "bus timeout" in node.fault.reason
+    assert drv.stops and node.fault.stop_latency < BOUND
+    ticks = node.timer.n
+    assert wait_for(lambda: node.timer.n > ticks + 10)  # still ticking
+    assert node.driver_errors > 1
+
+
+def test_driver_hang_is_caught_by_the_watchdog(moving_node):
+    node, drv, _ = moving_node
+    t = time.monotonic()
+    drv.hang.set()
+    assert wait_for(lambda: node.fault is not None)
+    assert node.fault.code == "driver_hang"
+    assert drv.stops and drv.stops[0] - t < node.cfg.driver_timeout + BOUND
+    assert node.fault.stop_latency < BOUND  # from the hang being declared to the stop command
+    assert node.status()["fault"].startswith("driver_hang")
+    drv.release.set()
+    drv.hang.clear()
+
+
+def test_nan_chunk_is_a_fault_not_a_command():
+    drv = PointDriver()
+    calls = []
+
+    def fn(state, t):
+        calls.append(t)
+        chunk = np.zeros((10, 3))
+        if len(calls) > 3:
+            chunk[:, 1] = np.nan
+        return chunk
+
+    node = _node(drv, ScriptSource(fn))
+    try:
+        assert wait_for(lambda: node.fault is not None)
+        assert node.fault.code == "non_finite"
+        assert np.all(np.isfinite(drv.q)) and drv.stops
+        assert node.safety.counts["non_finite"] == 1
+    finally:
+        node.close()
+
+
+def test_command_timeout_faults_when_the_source_goes_quiet():
+    drv = PointDriver()
+    src = ScriptSource(_moving)
+    node = _node(drv, src, command_timeout=0.1)
+    try:
+        assert wait_for(lambda: drv.writes > 20)
+        src.fn = None
+        src.submit = lambda obs, t: None  # the policy stops answering
+        assert wait_for(lambda: node.fault is not None)
+        assert node.fault.code == "command_timeout" and drv.stops
+    finally:
+        node.close()
+
+
+def test_timing_is_recorded_with_real_timestamps(moving_node):
+    node, drv, _ = moving_node
+    time.sleep(0.2)
+    rep = node.report()
+    t = rep["timing"]
+    assert t["ticks"] > 50 and t["lateness_us"]["p50"] >= 0
+    assert rep["scheduler"]["chunks_received"] > 0
+    # ticks ≈ elapsed / period: the timer does not pretend the loop kept a rate it did not keep
+    assert t["ticks"] + t["skipped_ticks"] <= (time.monotonic() - node._t_start + 0.5) * node.rate
