@@ -56,7 +56,7 @@ def main() -> int:
     ]
     for task in ("ArmReach-v0", "ArmPushCube-v0", "ArmPickPlace-v0"):
         env_id = f"robopolicy/{task}"
-        cases.append((f"{task} state-only", lambda e=env_id: gymnasium.make(e, cameras=False), 1.0))
+        cases.append((f"{task} state-only", lambda e=env_id: gymnasium.make(e, use_cameras=False), 1.0))
         cases.append((f"{task} front+wrist {size}px",
                       lambda e=env_id: gymnasium.make(e, image_size=size), None))
     for split in ("stt", "dt"):

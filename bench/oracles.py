@@ -25,9 +25,9 @@ TASKS = {
     "PersonFollow-v0:stt": ("robopolicy/PersonFollow-v0", {"split": "stt"}),
     "PersonFollow-v0:dt": ("robopolicy/PersonFollow-v0", {"split": "dt"}),
     "PersonFollow-v0:at": ("robopolicy/PersonFollow-v0", {"split": "at"}),
-    "ArmReach-v0": ("robopolicy/ArmReach-v0", {"cameras": False}),
-    "ArmPushCube-v0": ("robopolicy/ArmPushCube-v0", {"cameras": False}),
-    "ArmPickPlace-v0": ("robopolicy/ArmPickPlace-v0", {"cameras": False}),
+    "ArmReach-v0": ("robopolicy/ArmReach-v0", {"use_cameras": False}),
+    "ArmPushCube-v0": ("robopolicy/ArmPushCube-v0", {"use_cameras": False}),
+    "ArmPickPlace-v0": ("robopolicy/ArmPickPlace-v0", {"use_cameras": False}),
 }
 
 

@@ -1,0 +1,490 @@
+"""SO-101-like desktop arm tasks: reach, push a cube, language-conditioned pick-and-place.
+
+Observation (gymnasium Dict, LeRobot keys):
+  ``observation.images.front`` / ``observation.images.wrist``  uint8 (H, W, 3)  (absent when
+  ``use_cameras=False``), ``observation.state`` float32 (6,): the five arm joint angles (rad)
+  and the gripper angle (rad, 0 closed .. 1.745 open), ``task``: the language instruction.
+
+Actions (20 Hz): ``action_mode="joint"`` (default) → absolute joint-position targets, Box (6,)
+within the joint limits; ``action_mode="ee_delta"`` → (dx, dy, dz, gripper) with dx..dz in
+[-1, 1] scaled by ``ee_step`` metres from the current tool-centre point, resolved by
+damped-least-squares IK with the gripper kept pointing down (wrist roll held at its reset
+value), and gripper in [0, 1] (0 closed, 1 fully open).
+
+Privileged state (for oracles, metrics, relabelling) is in ``info``: ``ee_pos``,
+``target_pos``, ``goal_target``, ``target_colors`` and, with cubes, ``cube_pos``,
+``cube_quat``, ``goal_cube``, ``cube_colors``; also ``task`` and ``is_success``, and
+``episode_metrics`` (success, steps, return, steps_to_success, final_distance) on the last step.
+Episodes terminate after the success condition held for ``SUCCESS_HOLD`` consecutive steps and
+are truncated at ``max_steps`` (the env's own limit; 100 / 150 / 200 by default).
+
+Vector envs: use ``gymnasium.vector.AsyncVectorEnv(..., shared_memory=False)`` — gymnasium's
+shared-memory path reads ``Text`` observations once at construction and never updates them.
+With EGL rendering, start workers with ``context="spawn"`` (or "forkserver") when the parent
+process has already rendered: a forked child then hangs creating its own EGL context.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from typing import Any
+
+import gymnasium
+import mujoco
+import numpy as np
+from gymnasium import spaces
+
+from sim_envs.arm import so101
+from sim_envs.arm.ik import ArmIK
+from sim_envs.core import check_action, check_choice, check_options
+
+TEXT_CHARSET = string.ascii_letters + string.digits + " .,'-_"
+SUCCESS_HOLD = 3  # consecutive successful steps before the episode terminates
+
+
+def _dist(a, b) -> float:
+    """Euclidean distance of two short vectors (faster than np.linalg.norm for 2-3 values)."""
+    return math.sqrt(sum((float(x) - float(y)) ** 2 for x, y in zip(a, b)))
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return int(value)
+
+
+class ArmEnv(gymnasium.Env):
+    """Base class of the arm tasks (not registered itself). Subclasses define the scene
+    (``TASK``, cubes, targets), the layout sampling, the instruction, reward and success."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1.0 / so101.CONTROL_DT))}
+    TASK = "arm"
+    DEFAULT_MAX_STEPS = 100
+    CAMERAS = ("front", "wrist")
+
+    def __init__(
+        self,
+        render_mode: str | None = None,
+        image_size: int = 96,
+        use_cameras: bool = True,
+        action_mode: str = "joint",
+        max_steps: int | None = None,
+        ee_step: float = 0.015,
+        render_size: int = 240,
+    ) -> None:
+        super().__init__()
+        self.render_mode = check_choice("render_mode", render_mode, (None, "rgb_array"))
+        self.image_size = _check_int("image_size", image_size, 16, 1024)
+        self.render_size = _check_int("render_size", render_size, 16, 2048)
+        self.use_cameras = check_choice("use_cameras", use_cameras, (True, False))
+        self.action_mode = check_choice("action_mode", action_mode, ("joint", "ee_delta"))
+        # (not ``max_episode_steps``: gymnasium.make() takes that one for its TimeLimit wrapper)
+        if max_steps is None:
+            max_steps = self.DEFAULT_MAX_STEPS
+        self.max_episode_steps = _check_int("max_steps", max_steps, 1, 100_000)
+        if not (isinstance(ee_step, (int, float)) and np.isfinite(ee_step) and 0 < ee_step <= 0.05):
+            raise ValueError(f"ee_step must be a number in (0, 0.05] metres, got {ee_step!r}")
+        self.ee_step = float(ee_step)
+
+        self.model = mujoco.MjModel.from_xml_string(
+            so101.scene_xml(self.TASK, self.num_cubes, self.num_targets, with_cameras=True)
+        )
+        self.data = mujoco.MjData(self.model)
+        m = self.model
+        self._arm_qadr = np.array([m.joint(j).qposadr[0] for j in so101.ARM_JOINTS])
+        self._finger_qadr = np.array([m.joint(f"finger_{s}").qposadr[0] for s in ("left", "right")])
+        self._finger_dadr = np.array([m.joint(f"finger_{s}").dofadr[0] for s in ("left", "right")])
+        self._tcp = m.site("tcp").id
+        self._cube_qadr = [m.joint(f"cube{i}").qposadr[0] for i in range(self.num_cubes)]
+        self._cube_body = np.array([m.body(f"cube{i}").id for i in range(self.num_cubes)], dtype=int)
+        self._cube_geom = [m.geom(f"cube{i}").id for i in range(self.num_cubes)]
+        self._target_mocap = [m.body_mocapid[m.body(f"target{i}").id] for i in range(self.num_targets)]
+        self._target_geoms = [
+            np.flatnonzero(m.geom_bodyid == m.body(f"target{i}").id) for i in range(self.num_targets)
+        ]
+        self._cam_ids = {name: m.camera(name).id for name in ("front", "wrist", "topdown")}
+        self.ik = ArmIK()
+        self._home, _ = self.ik.analytic(np.array([0.14, 0.0, 0.10]))
+
+        # spaces
+        obs_spaces: dict[str, spaces.Space] = {}
+        if self.use_cameras:
+            for cam in self.CAMERAS:
+                obs_spaces[f"observation.images.{cam}"] = spaces.Box(
+                    0, 255, (self.image_size, self.image_size, 3), np.uint8
+                )
+        obs_spaces["observation.state"] = spaces.Box(
+            so101.JOINT_LOW.astype(np.float32) - 0.5, so101.JOINT_HIGH.astype(np.float32) + 0.5, (6,), np.float32
+        )
+        obs_spaces["task"] = spaces.Text(max_length=256, min_length=1, charset=TEXT_CHARSET)
+        self.observation_space = spaces.Dict(obs_spaces)
+        if self.action_mode == "joint":
+            self.action_space = spaces.Box(
+                so101.JOINT_LOW.astype(np.float32), so101.JOINT_HIGH.astype(np.float32), (6,), np.float32
+            )
+        else:
+            self.action_space = spaces.Box(
+                np.array([-1, -1, -1, 0], np.float32), np.array([1, 1, 1, 1], np.float32), (4,), np.float32
+            )
+        self._act_low = self.action_space.low.astype(np.float64)
+        self._act_high = self.action_space.high.astype(np.float64)
+
+        self._obs_renderer: mujoco.Renderer | None = None
+        self._view_renderer: mujoco.Renderer | None = None
+        self._instruction = ""
+        self._steps = 0
+        self._success_count = 0
+        self._return = 0.0
+        self._first_success = -1
+        self._roll_hold = 0.0
+        self.cube_colors: tuple[str, ...] = ()
+        self.target_colors: tuple[str, ...] = ()
+        self.goal_cube = -1
+        self.goal_target = 0
+
+    # -- per-task hooks -----------------------------------------------------------------------
+    num_cubes = 0
+    num_targets = 1
+
+    def _sample_task(self, rng: np.random.Generator) -> None:
+        """Colours, goal, instruction, object and target placements (writes qpos / mocap)."""
+        raise NotImplementedError
+
+    def _evaluate(self) -> tuple[bool, float, float]:
+        """(success now, reward, task distance) for the current state."""
+        raise NotImplementedError
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _sample_points(self, rng, n, r_range, a_range, min_sep, existing=()) -> list[np.ndarray]:
+        """Rejection-sample ``n`` table points in a polar sector around the base, each at
+        least ``min_sep[k]`` (per point) from the others and from ``existing`` (point, sep)."""
+        placed: list[tuple[np.ndarray, float]] = list(existing)
+        out = []
+        for k in range(n):
+            sep = min_sep[k]
+            for _ in range(200):
+                r = rng.uniform(*r_range)
+                a = rng.uniform(*a_range)
+                p = np.array([r * np.cos(a), r * np.sin(a)])
+                if all(np.linalg.norm(p - q) >= max(sep, s) for q, s in placed):
+                    break
+            else:
+                return None  # no room left: the caller samples a new layout
+            placed.append((p, sep))
+            out.append(p)
+        return out
+
+    def _set_cube(self, i: int, xy: np.ndarray, yaw: float) -> None:
+        adr = self._cube_qadr[i]
+        self.data.qpos[adr : adr + 3] = (xy[0], xy[1], so101.CUBE_HALF)
+        self.data.qpos[adr + 3 : adr + 7] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
+
+    def _set_color(self, geoms, name: str, alpha: float = 1.0) -> None:
+        self.model.geom_rgba[geoms] = (*so101.COLORS[name], alpha)
+
+    def _finger_mean(self) -> float:
+        qpos = self.data.qpos
+        return 0.5 * (float(qpos[self._finger_qadr[0]]) + float(qpos[self._finger_qadr[1]]))
+
+    def gripper_angle(self) -> float:
+        return self._finger_mean() / so101.GRIP_M_PER_RAD
+
+    def _state(self) -> np.ndarray:
+        s = np.empty(6, np.float32)
+        s[:5] = self.data.qpos[self._arm_qadr]
+        s[5] = self.gripper_angle()
+        return s
+
+    def _grow_framebuffer(self, size: int) -> None:
+        vis = self.model.vis.global_
+        vis.offwidth = max(vis.offwidth, size)
+        vis.offheight = max(vis.offheight, size)
+
+    def _render_obs_images(self) -> dict[str, np.ndarray]:
+        if self._obs_renderer is None:
+            self._grow_framebuffer(self.image_size)
+            self._obs_renderer = mujoco.Renderer(self.model, self.image_size, self.image_size)
+        out = {}
+        for cam in self.CAMERAS:
+            self._obs_renderer.update_scene(self.data, camera=self._cam_ids[cam])
+            out[f"observation.images.{cam}"] = self._obs_renderer.render()
+        return out
+
+    def _obs(self) -> dict[str, Any]:
+        obs: dict[str, Any] = self._render_obs_images() if self.use_cameras else {}
+        obs["observation.state"] = self._state()
+        obs["task"] = self._instruction
+        return obs
+
+    def _info(self, success: bool) -> dict[str, Any]:
+        d = self.data
+        info: dict[str, Any] = {
+            "is_success": bool(success),
+            "task": self._instruction,
+            "ee_pos": d.site_xpos[self._tcp].copy(),
+            "target_pos": d.mocap_pos[self._target_mocap].copy(),
+            "goal_target": self.goal_target,
+            "target_colors": self.target_colors,
+        }
+        if self.num_cubes:
+            info["cube_pos"] = d.xpos[self._cube_body].copy()
+            info["cube_quat"] = d.xquat[self._cube_body].copy()
+            info["goal_cube"] = self.goal_cube
+            info["cube_colors"] = self.cube_colors
+        return info
+
+    # -- gymnasium API ------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        check_options(options, ())
+        rng = self.np_random
+        m, d = self.model, self.data
+        mujoco.mj_resetData(m, d)
+        q = self._home + rng.normal(0.0, 0.03, size=5)
+        q = np.clip(q, so101.JOINT_LOW[:5], so101.JOINT_HIGH[:5])
+        d.qpos[self._arm_qadr] = q
+        d.qpos[self._finger_qadr] = so101.FINGER_TRAVEL
+        d.ctrl[:5] = q
+        d.ctrl[5:7] = so101.FINGER_TRAVEL
+        self._roll_hold = float(q[4])
+        self._sample_task(rng)
+        mujoco.mj_forward(m, d)
+        self._steps = 0
+        self._success_count = 0
+        self._return = 0.0
+        self._first_success = -1
+        success, _, _ = self._evaluate()
+        return self._obs(), self._info(success)
+
+    def _apply_action(self, a: np.ndarray) -> None:
+        d = self.data
+        if self.action_mode == "joint":
+            d.ctrl[:5] = a[:5]
+            d.ctrl[5:7] = a[5] * so101.GRIP_M_PER_RAD
+        else:
+            target = d.site_xpos[self._tcp] + a[:3] * self.ee_step
+            q_now = d.qpos[self._arm_qadr]
+            q, _ = self.ik.solve(target, q_now, point_down=True, iters=3, tol=2e-4)
+            d.ctrl[:4] = q[:4]
+            d.ctrl[4] = self._roll_hold
+            d.ctrl[5:7] = a[3] * so101.FINGER_TRAVEL
+
+    def step(self, action):
+        a = np.clip(check_action(action, self.action_space), self._act_low, self._act_high)
+        self._apply_action(a)
+        d = self.data
+        # squeezing: commanded closed beyond where the fingers are, and they are not moving
+        squeezing = d.ctrl[5] < self._finger_mean() - 0.001 and abs(float(d.qvel[self._finger_dadr[0]])) < 0.02
+        self.model.opt.noslip_iterations = so101.NOSLIP_ITERATIONS if squeezing else 0
+        mujoco.mj_step(self.model, d, nstep=so101.N_SUBSTEPS)
+        self._steps += 1
+        success, reward, dist = self._evaluate()
+        self._return += reward
+        if success:
+            self._success_count += 1
+            if self._first_success < 0:
+                self._first_success = self._steps
+        else:
+            self._success_count = 0
+        terminated = self._success_count >= SUCCESS_HOLD
+        truncated = (not terminated) and self._steps >= self.max_episode_steps
+        info = self._info(success)
+        if terminated or truncated:
+            info["episode_metrics"] = {
+                "success": bool(success),
+                "steps": self._steps,
+                "return": float(self._return),
+                "steps_to_success": self._first_success,
+                "final_distance": float(dist),
+            }
+        return self._obs(), float(reward), terminated, truncated, info
+
+    # -- rendering ----------------------------------------------------------------------------
+    def render_views(self) -> dict[str, np.ndarray]:
+        """Front, wrist and top-down views at ``render_size`` (uint8 H×W×3 each)."""
+        if self._view_renderer is None:
+            self._grow_framebuffer(self.render_size)
+            self._view_renderer = mujoco.Renderer(self.model, self.render_size, self.render_size)
+        views = {}
+        for name in ("front", "wrist", "topdown"):
+            self._view_renderer.update_scene(self.data, camera=self._cam_ids[name])
+            views[name] = self._view_renderer.render()
+        return views
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        return np.concatenate(list(self.render_views().values()), axis=1)
+
+    def close(self) -> None:
+        for r in (self._obs_renderer, self._view_renderer):
+            if r is not None:
+                r.close()
+        self._obs_renderer = self._view_renderer = None
+
+    # -- oracle -------------------------------------------------------------------------------
+    def make_oracle(self, noise: float = 0.0, seed: int | None = None):
+        from sim_envs.arm.oracle import ArmOracle
+
+        return ArmOracle(
+            self.action_space, task=self.TASK, action_mode=self.action_mode, ee_step=self.ee_step,
+            noise=noise, seed=seed,
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+class ArmReachEnv(ArmEnv):
+    """Move the gripper's tool-centre point to the named floating target marker.
+
+    Extra kwarg ``num_targets`` (1..4, default 1): markers of distinct colours; the instruction
+    names the goal one. Success: tcp within 2 cm of the goal marker.
+    """
+
+    TASK = "reach"
+    DEFAULT_MAX_STEPS = 100
+    SUCCESS_RADIUS = 0.02
+
+    def __init__(self, num_targets: int = 1, **kwargs) -> None:
+        self.num_targets = _check_int("num_targets", num_targets, 1, 4)
+        super().__init__(**kwargs)
+
+    def _sample_task(self, rng):
+        names = rng.choice(len(so101.COLOR_NAMES), size=self.num_targets, replace=False)
+        self.target_colors = tuple(so101.COLOR_NAMES[i] for i in names)
+        pts = None
+        while pts is None:
+            pts = self._sample_points(rng, self.num_targets, (0.10, 0.22), (-1.0, 1.0), [0.06] * self.num_targets)
+        for i, p in enumerate(pts):
+            self.data.mocap_pos[self._target_mocap[i]] = (p[0], p[1], rng.uniform(0.02, 0.10))
+            self._set_color(self._target_geoms[i], self.target_colors[i], 0.85)
+        self.goal_target = int(rng.integers(self.num_targets))
+        self._instruction = f"reach the {self.target_colors[self.goal_target]} target"
+
+    def _evaluate(self):
+        dist = _dist(self.data.site_xpos[self._tcp], self.data.mocap_pos[self._target_mocap[self.goal_target]])
+        success = dist < self.SUCCESS_RADIUS
+        return success, -dist + (1.0 if success else 0.0), dist
+
+
+class ArmPushCubeEnv(ArmEnv):
+    """Push the cube (on the table, no lifting needed) into the flat target zone.
+
+    Success: cube centre within 3 cm of the zone centre (zone radius 4 cm), cube on the table.
+    """
+
+    TASK = "push"
+    DEFAULT_MAX_STEPS = 150
+    num_cubes = 1
+    num_targets = 1
+    SUCCESS_RADIUS = so101.ZONE_RADIUS - 0.01
+
+    def _sample_task(self, rng):
+        c, z = rng.choice(len(so101.COLOR_NAMES), size=2, replace=False)
+        self.cube_colors = (so101.COLOR_NAMES[c],)
+        self.target_colors = (so101.COLOR_NAMES[z],)
+        self._set_color(self._cube_geom[0], self.cube_colors[0])
+        self._set_color(self._target_geoms[0], self.target_colors[0])
+        for _ in range(10_000):
+            zone, cube = self._sample_points(rng, 2, (0.12, 0.22), (-0.9, 0.9), [0.0, 0.0])
+            if 0.08 <= np.linalg.norm(zone - cube) <= 0.15 and 0.13 <= np.linalg.norm(cube) <= 0.21:
+                break
+        self.data.mocap_pos[self._target_mocap[0]] = (zone[0], zone[1], 0.0)
+        self._set_cube(0, cube, rng.uniform(-np.pi / 4, np.pi / 4))
+        self.goal_cube, self.goal_target = 0, 0
+        self._instruction = f"push the {self.cube_colors[0]} cube to the {self.target_colors[0]} zone"
+
+    def _evaluate(self):
+        d = self.data
+        cube = d.xpos[self._cube_body[0]]
+        zone = d.mocap_pos[self._target_mocap[0]]
+        dist = _dist(cube[:2], zone[:2])
+        success = dist < self.SUCCESS_RADIUS and cube[2] < so101.CUBE_HALF + 0.005
+        reward = -dist - 0.5 * _dist(d.site_xpos[self._tcp], cube) + (1.0 if success else 0.0)
+        return success, reward, dist
+
+
+class ArmPickPlaceEnv(ArmEnv):
+    """Language-conditioned pick-and-place: "put the blue cube in the green bowl".
+
+    Extra kwargs: ``num_cubes`` (1..4, default 3) cubes of distinct colours, ``num_bowls``
+    (1..3, default 3) shallow bowls of distinct colours, ``split``: "train" (default) never
+    asks for one of the held-out (cube colour, bowl colour) goal pairs in ``HELDOUT_PAIRS``,
+    "test" always asks for one of them, "all" for any pair. Success (judged on the named cube
+    and bowl only): the goal cube rests inside the goal bowl and the gripper has let go of it.
+    """
+
+    TASK = "pickplace"
+    DEFAULT_MAX_STEPS = 200
+    HELDOUT_PAIRS = frozenset(
+        {("red", "green"), ("green", "blue"), ("blue", "yellow"), ("yellow", "purple"),
+         ("purple", "orange"), ("orange", "red")}
+    )
+
+    def __init__(self, num_cubes: int = 3, num_bowls: int = 3, split: str = "train", **kwargs) -> None:
+        self.num_cubes = _check_int("num_cubes", num_cubes, 1, 4)
+        self.num_targets = _check_int("num_bowls", num_bowls, 1, 3)
+        self.split = check_choice("split", split, ("train", "test", "all"))
+        super().__init__(**kwargs)
+
+    def _sample_colors(self, rng) -> None:
+        nc, nb, names = self.num_cubes, self.num_targets, so101.COLOR_NAMES
+        self.goal_cube = int(rng.integers(nc))
+        self.goal_target = int(rng.integers(nb))
+        if self.split == "test":
+            pairs = sorted(self.HELDOUT_PAIRS)
+            gc, gb = pairs[int(rng.integers(len(pairs)))]
+            others_c = [n for n in names if n != gc]
+            others_b = [n for n in names if n != gb]
+            cubes = [others_c[i] for i in rng.choice(len(others_c), size=nc - 1, replace=False)]
+            bowls = [others_b[i] for i in rng.choice(len(others_b), size=nb - 1, replace=False)]
+            cubes.insert(self.goal_cube, gc)
+            bowls.insert(self.goal_target, gb)
+            self.cube_colors, self.target_colors = tuple(cubes), tuple(bowls)
+            return
+        while True:
+            cc = rng.choice(len(names), size=nc, replace=False)
+            bc = rng.choice(len(names), size=nb, replace=False)
+            self.cube_colors = tuple(names[i] for i in cc)
+            self.target_colors = tuple(names[i] for i in bc)
+            pair = (self.cube_colors[self.goal_cube], self.target_colors[self.goal_target])
+            if self.split == "all" or pair not in self.HELDOUT_PAIRS:
+                return
+
+    def _sample_task(self, rng):
+        nc, nb = self.num_cubes, self.num_targets
+        self._sample_colors(rng)
+        bowl_sep = 2 * (so101.BOWL_RADIUS + 0.006) + 0.005
+        # cubes keep the open fingers (3.5 cm from the cube centre) clear of the bowl walls
+        cube_sep = so101.BOWL_RADIUS + 0.045
+        for _ in range(1000):
+            bowls = self._sample_points(rng, nb, (0.13, 0.22), (-1.1, 1.1), [bowl_sep] * nb)
+            if bowls is None:
+                continue
+            existing = [(b, cube_sep) for b in bowls]
+            cubes = self._sample_points(rng, nc, (0.13, 0.22), (-1.1, 1.1), [0.05] * nc, existing)
+            if cubes is not None:
+                break
+        else:  # pragma: no cover - the sector has room for 4 cubes and 3 bowls
+            raise RuntimeError("could not place the cubes and bowls")
+        for i, b in enumerate(bowls):
+            self.data.mocap_pos[self._target_mocap[i]] = (b[0], b[1], 0.0)
+            self._set_color(self._target_geoms[i], self.target_colors[i])
+        for i, c in enumerate(cubes):
+            self._set_cube(i, c, rng.uniform(-np.pi / 4, np.pi / 4))
+            self._set_color(self._cube_geom[i], self.cube_colors[i])
+        self._instruction = (
+            f"put the {self.cube_colors[self.goal_cube]} cube in the {self.target_colors[self.goal_target]} bowl"
+        )
+
+    def _evaluate(self):
+        d = self.data
+        cube = d.xpos[self._cube_body[self.goal_cube]]
+        bowl = d.mocap_pos[self._target_mocap[self.goal_target]]
+        dist = _dist(cube[:2], bowl[:2])
+        opening = 2 * (self._finger_mean() + so101.PAD_INNER_GAP)
+        released = opening > 2 * so101.CUBE_HALF + 0.006
+        success = dist < so101.BOWL_RADIUS - 0.012 and cube[2] < so101.CUBE_HALF + 0.006 and released
+        target = (bowl[0], bowl[1], so101.CUBE_HALF)
+        reward = -_dist(d.site_xpos[self._tcp], cube) - 2.0 * _dist(cube, target) + (1.0 if success else 0.0)
+        return success, reward, dist

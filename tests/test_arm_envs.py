@@ -1,0 +1,279 @@
+"""Arm tasks (SO-101-like): API compliance, determinism, vector envs, IK, oracle, physics."""
+
+from __future__ import annotations
+
+import gymnasium
+import mujoco
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import sim_envs  # noqa: F401  (registers the tasks)
+from sim_envs.arm import so101
+from sim_envs.arm.env import ArmPickPlaceEnv, ArmPushCubeEnv, ArmReachEnv
+from sim_envs.arm.ik import ArmIK
+from sim_envs.core import make_oracle
+
+IDS = {
+    "reach": "robopolicy/ArmReach-v0",
+    "push": "robopolicy/ArmPushCube-v0",
+    "pickplace": "robopolicy/ArmPickPlace-v0",
+}
+
+
+def run_oracle(env, seed, noise=0.0, max_steps=None):
+    oracle = make_oracle(env, noise=noise, seed=seed)
+    obs, info = env.reset(seed=seed)
+    oracle.reset(obs, info)
+    for _ in range(max_steps or 10_000):
+        step = oracle.act(obs, info)
+        obs, _, terminated, truncated, info = env.step(step.action)
+        if terminated or truncated:
+            break
+    return obs, info
+
+
+@pytest.mark.parametrize("task", list(IDS))
+@pytest.mark.parametrize("action_mode", ["joint", "ee_delta"])
+def test_check_env(task, action_mode):
+    env = gymnasium.make(IDS[task], image_size=32, action_mode=action_mode)
+    check_env(env.unwrapped, skip_render_check=True)
+    obs, info = env.reset(seed=0)
+    assert set(obs) == {"observation.images.front", "observation.images.wrist", "observation.state", "task"}
+    assert obs["observation.images.front"].shape == (32, 32, 3)
+    assert obs["observation.state"].shape == (6,) and obs["observation.state"].dtype == np.float32
+    assert env.observation_space["task"].contains(obs["task"])
+    assert env.action_space.shape == ((6,) if action_mode == "joint" else (4,))
+    env.close()
+
+
+def test_state_only_observation_and_truncation():
+    env = gymnasium.make(IDS["reach"], use_cameras=False, max_steps=5)
+    obs, info = env.reset(seed=1)
+    assert set(obs) == {"observation.state", "task"}
+    for k in range(5):
+        obs, reward, terminated, truncated, info = env.step(obs["observation.state"])
+        assert isinstance(info["is_success"], bool)
+        assert not terminated
+        assert truncated == (k == 4)
+    metrics = info["episode_metrics"]
+    assert metrics["steps"] == 5 and metrics["success"] is False
+
+
+@pytest.mark.parametrize("task", ["push", "pickplace"])
+def test_determinism(task):
+    def rollout():
+        env = gymnasium.make(IDS[task], image_size=24)
+        oracle = make_oracle(env, noise=0.3, seed=5)
+        obs, info = env.reset(seed=123)
+        oracle.reset(obs, info)
+        trace = [(obs, info)]
+        for _ in range(12):
+            obs, r, te, tr, info = env.step(oracle.act(obs, info).action)
+            trace.append((obs, info))
+        env.close()
+        return trace
+
+    a, b = rollout(), rollout()
+    for (oa, ia), (ob, ib) in zip(a, b):
+        for key in oa:
+            if isinstance(oa[key], str):
+                assert oa[key] == ob[key]
+            else:
+                np.testing.assert_array_equal(oa[key], ob[key])
+        np.testing.assert_array_equal(ia["cube_pos"], ib["cube_pos"])
+        np.testing.assert_array_equal(ia["ee_pos"], ib["ee_pos"])
+    # a different seed gives a different scene
+    env = gymnasium.make(IDS[task], use_cameras=False)
+    _, i1 = env.reset(seed=1)
+    _, i2 = env.reset(seed=2)
+    assert not np.allclose(i1["cube_pos"], i2["cube_pos"])
+
+
+def test_async_vector_env():
+    # gymnasium's shared-memory path does not update Text observations (it reads the strings
+    # once at construction), so vector envs of these tasks use shared_memory=False. "spawn":
+    # forking a process that already rendered with EGL (earlier tests did) hangs in the child.
+    fns = [lambda: ArmPickPlaceEnv(image_size=24) for _ in range(2)]
+    venv = gymnasium.vector.AsyncVectorEnv(fns, shared_memory=False, context="spawn")
+    try:
+        obs, info = venv.reset(seed=[3, 4])
+        assert obs["observation.state"].shape == (2, 6)
+        assert obs["observation.images.wrist"].shape == (2, 24, 24, 3)
+        assert all(t.startswith("put the ") for t in obs["task"])
+        assert obs["task"] == tuple(info["task"])
+        for _ in range(3):
+            obs, rew, term, trunc, info = venv.step(obs["observation.state"])
+        assert rew.shape == (2,) and info["cube_pos"].shape == (2, 3, 3)
+    finally:
+        venv.close()
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="image_size"):
+        ArmReachEnv(image_size=0)
+    with pytest.raises(ValueError, match="action_mode"):
+        ArmReachEnv(action_mode="torque")
+    with pytest.raises(ValueError, match="use_cameras"):
+        ArmReachEnv(use_cameras="yes")
+    with pytest.raises(ValueError, match="num_cubes"):
+        ArmPickPlaceEnv(num_cubes=9)
+    with pytest.raises(ValueError, match="render_mode"):
+        ArmPushCubeEnv(render_mode="human")
+    with pytest.raises(TypeError):
+        ArmPushCubeEnv(num_cubes=2)  # push has exactly one cube
+    env = ArmPushCubeEnv(use_cameras=False)
+    with pytest.raises(ValueError, match="unknown reset option"):
+        env.reset(seed=0, options={"difficulty": 3})
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="non-finite"):
+        env.step(np.array([0, 0, np.nan, 0, 0, 0], np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        env.step(np.zeros(4, np.float32))
+    # out-of-range actions are clipped, not rejected
+    obs, *_ = env.step(np.full(6, 100.0, np.float32))
+    assert np.all(np.isfinite(obs["observation.state"]))
+
+
+def test_ik_reaches_reachable_points():
+    ik = ArmIK()
+    home, ok = ik.analytic(np.array([0.14, 0.0, 0.10]))
+    assert ok
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        r, a, z = rng.uniform(0.10, 0.23), rng.uniform(-1.2, 1.2), rng.uniform(0.01, 0.09)
+        target = np.array([r * np.cos(a), r * np.sin(a), z])
+        # closed form, then damped least squares from the home pose (no analytic seed)
+        q, ok = ik.analytic(target)
+        pos, rot = ik.fk(q)
+        assert ok and np.linalg.norm(pos - target) < 1e-6 and rot[2, 0] < -0.9999
+        q2, err = ik.solve(target, home, iters=200)
+        pos2, rot2 = ik.fk(q2)
+        assert err < 1e-3 and np.linalg.norm(pos2 - target) < 1e-3
+        assert rot2[2, 0] < -0.995  # gripper still points down
+        assert np.all(q2 >= so101.JOINT_LOW[:5]) and np.all(q2 <= so101.JOINT_HIGH[:5])
+    _, ok = ik.analytic(np.array([0.5, 0.0, 0.05]))
+    assert not ok  # out of reach is reported
+
+
+@pytest.mark.parametrize("task,seeds", [("reach", [0, 1, 2]), ("push", [0, 1, 2]), ("pickplace", [0, 1, 2, 3])])
+def test_oracle_succeeds(task, seeds):
+    env = gymnasium.make(IDS[task], use_cameras=False)
+    for seed in seeds:
+        _, info = run_oracle(env, seed)
+        assert info["episode_metrics"]["success"], (task, seed, info["task"])
+        assert info["episode_metrics"]["steps"] < env.unwrapped.max_episode_steps
+
+
+@pytest.mark.parametrize("task", ["reach", "pickplace"])
+def test_oracle_ee_delta_mode(task):
+    env = gymnasium.make(IDS[task], use_cameras=False, action_mode="ee_delta")
+    _, info = run_oracle(env, 0)
+    assert info["episode_metrics"]["success"]
+
+
+def test_oracle_noise_keeps_clean_label():
+    env = gymnasium.make(IDS["reach"], use_cameras=False)
+    oracle = make_oracle(env, noise=0.2, seed=0)
+    obs, info = env.reset(seed=0)
+    oracle.reset(obs, info)
+    step = oracle.act(obs, info)
+    assert not np.allclose(step.action, step.label)
+    assert env.action_space.contains(step.action) and env.action_space.contains(step.label)
+
+
+def test_grasped_cube_stays_in_gripper_while_lifting():
+    """Physics sanity without the oracle: IK to the cube, close, lift 9 cm, wave the arm."""
+    env = ArmPickPlaceEnv(num_cubes=1, num_bowls=1, use_cameras=False)
+    obs, info = env.reset(seed=7)
+    ik = ArmIK()
+    cube = info["cube_pos"][0]
+    yaw = 2 * np.arctan2(info["cube_quat"][0][3], info["cube_quat"][0][0])
+    q, _ = ik.analytic(np.array([cube[0], cube[1], 0.07]))
+    q[4] = ik.roll_for_yaw(q, yaw, symmetry=np.pi / 2)
+
+    def move(xyz, grip, n):
+        nonlocal obs, info
+        qq, ok = ik.analytic(np.asarray(xyz, dtype=float), roll=q[4])
+        assert ok
+        for _ in range(n):
+            obs, _, _, _, info = env.step(np.concatenate([qq, [grip]]))
+
+    move([cube[0], cube[1], 0.07], 1.745, 20)
+    move([cube[0], cube[1], so101.CUBE_HALF + 0.001], 1.745, 20)
+    move([cube[0], cube[1], so101.CUBE_HALF + 0.001], 0.0, 8)
+    assert obs["observation.state"][5] > 0.5  # fingers stopped by the cube, not closed
+    move([cube[0], cube[1], 0.10], 0.0, 20)
+    lifted = info["cube_pos"][0]
+    assert lifted[2] > 0.08
+    assert np.linalg.norm(lifted - info["ee_pos"]) < 0.01
+    move([0.15, -0.08, 0.10], 0.0, 25)  # carry it sideways
+    assert info["cube_pos"][0][2] > 0.08
+    assert np.linalg.norm(info["cube_pos"][0] - info["ee_pos"]) < 0.01
+    move([0.15, -0.08, 0.10], 1.745, 15)  # open: it drops
+    assert info["cube_pos"][0][2] < so101.CUBE_HALF + 0.003
+
+
+def _place(env, cube, bowl_xy):
+    adr = env._cube_qadr[cube]
+    env.data.qpos[adr : adr + 3] = (bowl_xy[0], bowl_xy[1], so101.CUBE_HALF)
+    env.data.qpos[adr + 3 : adr + 7] = (1, 0, 0, 0)
+    env.data.qvel[:] = 0
+    mujoco.mj_forward(env.model, env.data)
+
+
+def test_success_is_judged_on_the_named_cube_and_bowl():
+    env = ArmPickPlaceEnv(use_cameras=False)
+    obs, info = env.reset(seed=11)
+    k, b = info["goal_cube"], info["goal_target"]
+    assert obs["task"] == f"put the {info['cube_colors'][k]} cube in the {info['target_colors'][b]} bowl"
+    hold = obs["observation.state"].copy()  # keep the arm still, gripper open
+    wrong_cube = (k + 1) % env.num_cubes
+    wrong_bowl = (b + 1) % env.num_targets
+    _place(env, wrong_cube, info["target_pos"][b])
+    _, _, terminated, _, info2 = env.step(hold)
+    assert not info2["is_success"] and not terminated
+    _place(env, k, info["target_pos"][wrong_bowl])
+    _, _, _, _, info2 = env.step(hold)
+    assert not info2["is_success"]
+    _place(env, k, info["target_pos"][b])
+    _place(env, wrong_cube, [0.2, 0.25])
+    results = [env.step(hold) for _ in range(3)]
+    assert all(r[4]["is_success"] for r in results)
+    assert results[-1][2]  # terminated after holding success for a few steps
+    assert results[-1][4]["episode_metrics"]["success"]
+
+
+def test_push_success_requires_cube_in_zone():
+    env = ArmPushCubeEnv(use_cameras=False)
+    obs, info = env.reset(seed=3)
+    assert not info["is_success"]
+    assert info["cube_colors"][0] in obs["task"] and info["target_colors"][0] in obs["task"]
+    _place(env, 0, info["target_pos"][0])
+    _, _, _, _, info = env.step(obs["observation.state"])
+    assert info["is_success"]
+
+
+def test_render_views_and_render():
+    env = gymnasium.make(IDS["pickplace"], render_mode="rgb_array", image_size=32, render_size=64)
+    env.reset(seed=0)
+    views = env.unwrapped.render_views()
+    assert set(views) == {"front", "wrist", "topdown"}
+    assert all(v.shape == (64, 64, 3) and v.dtype == np.uint8 for v in views.values())
+    frame = env.render()
+    assert frame.shape == (64, 192, 3)
+    assert frame.std() > 5  # not a blank image
+    env.close()
+
+
+def test_pickplace_splits_hold_out_goal_pairs():
+    held = ArmPickPlaceEnv.HELDOUT_PAIRS
+    for split, expect_heldout in (("train", False), ("test", True)):
+        env = ArmPickPlaceEnv(use_cameras=False, split=split)
+        for seed in range(15):
+            _, info = env.reset(seed=seed)
+            pair = (info["cube_colors"][info["goal_cube"]], info["target_colors"][info["goal_target"]])
+            assert (pair in held) == expect_heldout, (split, seed, pair)
+            assert len(set(info["cube_colors"])) == env.num_cubes
+    with pytest.raises(ValueError, match="split"):
+        ArmPickPlaceEnv(split="val")
