@@ -18,7 +18,7 @@ drifts off it), hold. Reach: straight to the marker.
 DART noise (base class) is ``noise × half the action range`` per joint, i.e. 0.087 rad per
 0.05 of noise for the ±100° joints — about 2 cm of jitter at the tool for noise 0.05, which is
 more than a 2.5 cm cube tolerates; noise ≈ 0.01–0.02 suits these tasks (see the measured
-success rates in the task report / ``python -m sim_envs.arm.bench oracle --noise``).
+success rates: ``python bench/oracles.py --noise 0.02``).
 
 Call ``reset(obs, info)`` at the start of every episode.
 """
