@@ -1,0 +1,90 @@
+"""2-D geometry shared by the scene generator, the env and the oracle (numpy only).
+
+Obstacles are rows ``(x, y, yaw, hx, hy, kind[, height])``: kind 0 is a box footprint with
+half extents ``hx, hy`` rotated by ``yaw``; kind 1 is a cylinder of radius ``hx``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+OBSTACLE_FIELDS = ("x", "y", "yaw", "hx", "hy", "kind", "height")
+BOX, CYLINDER = 0.0, 1.0
+
+
+def wrap_angle(a):
+    """Angle(s) wrapped to [-pi, pi)."""
+    return (np.asarray(a) + np.pi) % (2.0 * np.pi) - np.pi
+
+
+def obstacle_distance(points: np.ndarray, obstacles: np.ndarray) -> np.ndarray:
+    """Signed distance from points ``(..., 2)`` to each obstacle footprint: ``(..., M)``.
+
+    Negative inside. ``obstacles`` holds only active rows, shape ``(M, 6)``.
+    """
+    pts = np.asarray(points, dtype=np.float64)
+    obs = np.asarray(obstacles, dtype=np.float64)
+    obs = obs.reshape(-1, obs.shape[-1] if obs.ndim else 6)
+    if obs.shape[0] == 0:
+        return np.full(pts.shape[:-1] + (0,), np.inf)
+    dx = pts[..., None, 0] - obs[:, 0]
+    dy = pts[..., None, 1] - obs[:, 1]
+    c, s = np.cos(obs[:, 2]), np.sin(obs[:, 2])
+    lx = np.abs(c * dx + s * dy) - obs[:, 3]
+    ly = np.abs(-s * dx + c * dy) - obs[:, 4]
+    outside = np.hypot(np.maximum(lx, 0.0), np.maximum(ly, 0.0))
+    inside = np.minimum(np.maximum(lx, ly), 0.0)
+    box = outside + inside
+    cyl = np.hypot(dx, dy) - obs[:, 3]
+    return np.where(obs[:, 5] == CYLINDER, cyl, box)
+
+
+def wall_distance(points: np.ndarray, room_half: float) -> np.ndarray:
+    """Distance from points ``(..., 2)`` to the nearest inner wall face (negative outside)."""
+    pts = np.asarray(points, dtype=np.float64)
+    return room_half - np.max(np.abs(pts), axis=-1)
+
+
+def clearance(points: np.ndarray, obstacles: np.ndarray, room_half: float) -> np.ndarray:
+    """Distance from points ``(..., 2)`` to the nearest obstacle footprint or wall."""
+    d = wall_distance(points, room_half)
+    od = obstacle_distance(points, obstacles)
+    if od.shape[-1]:
+        d = np.minimum(d, od.min(axis=-1))
+    return d
+
+
+def segment_point_distance(a: np.ndarray, b: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Distance from points ``p (..., 2)`` to segments ``a->b`` (broadcast)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    p = np.asarray(p, dtype=np.float64)
+    ab = b - a
+    denom = np.maximum(np.sum(ab * ab, axis=-1), 1e-12)
+    t = np.clip(np.sum((p - a) * ab, axis=-1) / denom, 0.0, 1.0)
+    proj = a + t[..., None] * ab
+    return np.linalg.norm(p - proj, axis=-1)
+
+
+def to_robot_frame(pose: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """World points ``(..., 2)`` expressed in the frame of ``pose = (x, y, yaw)``."""
+    x, y, yaw = float(pose[0]), float(pose[1]), float(pose[2])
+    c, s = np.cos(yaw), np.sin(yaw)
+    d = np.asarray(points, dtype=np.float64) - np.array([x, y])
+    return np.stack([c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1]], axis=-1)
+
+
+def integrate_unicycle(pose, v, omega, dt: float, substeps: int = 1):
+    """Exact unicycle integration of a constant twist over ``dt`` (vectorised over inputs)."""
+    x, y, th = (np.asarray(p, dtype=np.float64) for p in pose)
+    v = np.asarray(v, dtype=np.float64)
+    omega = np.asarray(omega, dtype=np.float64)
+    h = dt / substeps
+    for _ in range(substeps):
+        dth = omega * h
+        small = np.abs(dth) < 1e-6
+        safe = np.where(small, 1.0, omega)
+        nx = np.where(small, x + v * h * np.cos(th + 0.5 * dth), x + v / safe * (np.sin(th + dth) - np.sin(th)))
+        ny = np.where(small, y + v * h * np.sin(th + 0.5 * dth), y - v / safe * (np.cos(th + dth) - np.cos(th)))
+        x, y, th = nx, ny, th + dth
+    return x, y, wrap_angle(th)
