@@ -112,7 +112,7 @@ def build_mjcf(front_height: int, front_width: int, hfov_deg: float, render_size
   <worldbody>
     <light name="sun" directional="true" pos="0 0 10" dir="0.3 0.2 -1" diffuse="0.6 0.6 0.6" specular="0 0 0" castshadow="false"/>
     <camera name="topdown" pos="0 0 {td_z:.3f}" xyaxes="1 0 0 0 1 0" fovy="{td_fovy}"/>
-    <geom name="floor" type="plane" size="{ROOM_HALF + 1} {ROOM_HALF + 1} 0.1" material="floor_mat" group="0"/>
+    <geom name="floor" type="plane" size="{ROOM_HALF + 1} {ROOM_HALF + 1} 4" material="floor_mat" group="0"/>
 """
     )
     h = ROOM_HALF + WALL_THICK
