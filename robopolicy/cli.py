@@ -33,7 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse cannot take positional key=value overrides after options
+    # (`collect --env X seed=3 --episodes 2`); gather the stray ones here instead.
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = list(args.overrides or []) + extra
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

@@ -71,6 +71,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _view_overrides(args: argparse.Namespace) -> list[str]:
     out = []
+    if args.env_id and "=" in args.env_id:  # no env id given: the first override landed here
+        args.overrides = [args.env_id, *args.overrides]
+        args.env_id = None
     if args.env_id:
         out.append(f"env.id={args.env_id}")
     if args.split:
