@@ -337,3 +337,12 @@ def test_visibility_matches_segmentation():
             break
     assert total >= 5 and agree >= total - 1, (agree, total)
     env.close()
+
+
+@pytest.mark.parametrize("max_steps", [5, 25, 40])
+def test_short_episodes_reset_for_any_seed(max_steps):
+    env = PersonFollowEnv(split="dt", camera=False, max_steps=max_steps)
+    for seed in range(6):
+        _, info = env.reset(seed=seed)
+        assert info["reference_steps"] >= 1
+    env.close()

@@ -121,7 +121,7 @@ def _obstacles(rng: np.random.Generator, target_path: np.ndarray, robot_xy: np.n
 
 def _nominal_robot(target: np.ndarray, robot_start: np.ndarray, speed: float, dt: float) -> np.ndarray:
     """Where a follower ~2 m behind the target will roughly be at each tick."""
-    lag = int(round(2.0 / max(speed, 0.4) / dt))
+    lag = min(int(round(2.0 / max(speed, 0.4) / dt)), len(target))  # short episodes: never catches up
     out = np.empty((len(target), 2))
     out[:lag] = robot_start[:2]
     out[lag:] = target[: len(target) - lag, :2]
