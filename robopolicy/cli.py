@@ -16,7 +16,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from robopolicy.commands import collect, dataset, run, sim
+    from robopolicy.commands import collect, dataset, run, sim, train
 
     parser = argparse.ArgumentParser(
         prog="robopolicy",
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_parser(sub)
     collect.add_parser(sub)
     dataset.add_parser(sub)
+    train.add_parser(sub)
     run.add_parser(sub)
     return parser
 

@@ -1,0 +1,47 @@
+"""``robopolicy train``: imitation training of a policy from a recipe config.
+
+    robopolicy train --config configs/train/arm_chunk_l1.yaml data.dataset=data/arm_pp steps=2000
+    robopolicy train --config configs/train/track_stage2_ground.yaml --resume
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a policy by imitation (one recipe / stage per config)")
+    p.add_argument("--config", help="YAML recipe (TrainConfig), e.g. configs/train/arm_chunk_l1.yaml")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run's out dir")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from robopolicy.config import load_config
+    from robopolicy.data.cache import DatasetError
+    from robopolicy.models.encoders import EncoderError
+    from robopolicy.models.language import LanguageError
+    from robopolicy.models.policy import PolicyError
+    from robopolicy.train.trainer import TrainConfig, TrainError, train
+
+    overrides = list(args.overrides)
+    if args.resume:
+        overrides.append("resume=true")
+    if args.no_progress:
+        overrides.append("progress=false")
+    cfg = load_config(TrainConfig, args.config, overrides)
+    try:
+        result = train(cfg)
+    except (DatasetError, PolicyError, TrainError, EncoderError, LanguageError) as exc:
+        print(f"robopolicy train: {exc}")
+        return 1
+    first = result.first_losses.get("total", float("nan"))
+    last = result.last_losses.get("total", float("nan"))
+    print(f"\n| run | steps | loss first → last | samples/s | feature cache |")
+    print("|-----|-------|-------------------|-----------|---------------|")
+    print(f"| {cfg.name} | {result.steps} | {first:.4f} → {last:.4f} | {result.samples_per_s:.0f} | "
+          f"{'yes' if result.used_feature_cache else 'no'} ({result.feature_seconds:.1f} s) |")
+    print(f"\ncheckpoint: {result.final}\nloss curves: {result.out / 'losses.png'}")
+    return 0

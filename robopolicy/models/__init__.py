@@ -1,0 +1,7 @@
+"""Policies: vision encoders → fusion transformer → waypoint or action-chunk head (see policy.py)."""
+
+from robopolicy.models.encoders import EncoderConfig
+from robopolicy.models.language import LanguageConfig
+from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
+
+__all__ = ["EncoderConfig", "LanguageConfig", "Policy", "PolicyConfig", "PolicyError"]

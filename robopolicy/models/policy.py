@@ -1,0 +1,550 @@
+"""One policy class: vision encoders → fusion transformer → head, with its own normalization.
+
+    policy = Policy(PolicyConfig(head="chunk_l1", horizon=16, action_shape=[6], state_dim=6,
+                                 cameras=["front", "wrist"]), stats)
+    policy.reset()
+    chunk = policy.predict(obs)            # (B, H, A) actions in env units
+    policy.observe(obs)                    # a frame seen while a chunk executes: context only
+    policy.save("outputs/ckpt")            # model.safetensors + config.yaml
+    policy = Policy.load("outputs/ckpt")
+
+Observation batch (what the env emits, optionally batched): ``observation.images.<camera>``
+uint8 ``(B, H, W, 3)`` or ``(H, W, 3)`` (numpy or torch; ``(B, 3, H, W)`` also accepted),
+``observation.state`` ``(B, D)`` or ``(D,)``, ``task`` a string or a list of B strings.
+
+Outputs (``policy.output``): ``"chunk"`` → ``(B, H, A)``; ``"waypoints"`` → ``(B, K, 3)``
+robot-frame ``(x, y, yaw)``. Un-normalized with the statistics inside the checkpoint.
+
+Temporal context: frames ``t - s`` for ``s`` in ``context_strides``. ``predict`` and ``observe``
+each push one frame (encoded once) into a per-camera ring buffer; call one of them on every env
+step so the strides count env steps, and ``reset()`` between episodes (``reset(rows)`` for the
+sub-envs of a vector env that just started a new episode).
+
+Training (see ``robopolicy.train``): ``losses(batch, weights)`` takes a loader batch
+(``robopolicy.data.loader``) whose images may be replaced by cached encoder features
+``features (B, T, V, n, C)`` (``robopolicy.models.feature_cache``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from robopolicy.config import ConfigError, build, load_yaml, to_dict
+from robopolicy.models.backbone import FusionTransformer
+from robopolicy.models.encoders import EncoderConfig, FusedVisionEncoder
+from robopolicy.models.heads import AlignHead, ChunkL1Head, FlowChunkHead, GroundingHead, WaypointHead
+from robopolicy.models.language import LanguageConfig, LanguageEncoder
+from robopolicy.models.temporal import ContextTokens, FeatureRingBuffer
+
+IMAGE_PREFIX = "observation.images."
+STATE = "observation.state"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_FORMAT = 1
+STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99")
+AUX_HEADS = ("align", "ground")
+# Config keys that decide the shapes of shared modules: a stage may change the rest.
+ARCHITECTURE_KEYS = ("encoders", "grid", "d_model", "n_heads", "n_layers", "cameras", "context_strides")
+
+
+class PolicyError(ValueError):
+    """A checkpoint, an observation or a config does not fit the policy; the message names it."""
+
+
+@dataclass
+class PolicyConfig:
+    """Architecture and I/O of a :class:`Policy` (saved as ``config.yaml`` in the checkpoint)."""
+
+    head: Literal["waypoints", "chunk_l1", "chunk_flow"] = "chunk_l1"
+    """Output head: K waypoints (tracking), or an action chunk by L1 or flow matching."""
+    aux_heads: list[str] = field(default_factory=list)
+    """Training-only heads: ``align`` (stage 1 contrastive), ``ground`` (stage 2 grounding)."""
+    cameras: list[str] = field(default_factory=list)
+    """Camera roles (``observation.images.<role>``); empty: every camera of the training dataset."""
+    use_state: bool = True
+    """Feed ``observation.state`` as a proprio token."""
+    encoders: list[EncoderConfig] = field(default_factory=lambda: [EncoderConfig()])
+    """One or two vision backbones, fused on a shared grid."""
+    grid: int = 3
+    """Each frame becomes grid x grid tokens."""
+    context_strides: list[int] = field(default_factory=lambda: [0, 1, 4, 16])
+    """Frames t - s that the policy sees; must contain 0 (the current frame)."""
+    mask_padded_context: bool = True
+    """Hide context frames from before the episode start (they repeat the first frame)."""
+    horizon: int = 16
+    """Chunk length H (chunk heads); waypoint heads predict one set of K waypoints."""
+    language: LanguageConfig = field(default_factory=LanguageConfig)
+    d_model: int = 192
+    n_heads: int = 4
+    n_layers: int = 3
+    head_layers: int = 2
+    dropout: float = 0.0
+    """Dropout in the transformers (costly on a CPU: the random masks dominate small models)."""
+    flow_steps: int = 10
+    """Euler steps of the flow head at inference."""
+    normalization: Literal["mean_std", "min_max"] = "mean_std"
+    """How actions and state are normalized (min_max: to [-1, 1])."""
+    action_shape: list[int] = field(default_factory=list)
+    """Filled from the dataset: ``[A]`` for chunks, ``[K, 3]`` for waypoints."""
+    state_dim: int = 0
+    """Filled from the dataset (0: no state)."""
+    frame_size: list[int] = field(default_factory=list)
+    """``[H, W]`` of the training frames (box labels are in their pixels); filled from the dataset."""
+
+    def __post_init__(self):
+        unknown = [h for h in self.aux_heads if h not in AUX_HEADS]
+        if unknown:
+            raise ValueError(f"aux_heads: unknown head {unknown[0]!r} (known: {list(AUX_HEADS)})")
+        if 0 not in self.context_strides or min(self.context_strides, default=0) < 0:
+            raise ValueError(f"context_strides must be steps back >= 0 and contain 0, got {self.context_strides}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
+        if self.horizon < 1 or self.grid < 1 or self.flow_steps < 1:
+            raise ValueError("horizon, grid and flow_steps must be >= 1")
+
+
+class Normalizer(nn.Module):
+    """Action and state statistics as buffers (so they are saved inside ``model.safetensors``)."""
+
+    def __init__(self, action_shape: tuple[int, ...], state_dim: int, mode: str,
+                 stats: Mapping[str, Mapping[str, Any]] | None = None):
+        super().__init__()
+        self.mode = mode
+        self.has_state = state_dim > 0
+        for prefix, key, shape in (("action", "action", action_shape), ("state", STATE, (state_dim,))):
+            if prefix == "state" and not self.has_state:
+                continue
+            for name in STAT_NAMES:
+                value = torch.zeros(shape) if name != "std" else torch.ones(shape)
+                if stats is not None:
+                    if key not in stats:
+                        raise PolicyError(f"normalization statistics for {key!r} are missing "
+                                          f"(have: {sorted(stats)})")
+                    arr = np.asarray(stats[key][name], dtype=np.float32)
+                    if arr.shape != tuple(shape):
+                        raise PolicyError(f"statistics of {key!r} have shape {arr.shape}, expected {tuple(shape)}")
+                    value = torch.from_numpy(arr.copy())
+                self.register_buffer(f"{prefix}_{name}", value)
+
+    def _loc_scale(self, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.mode == "min_max":
+            lo, hi = getattr(self, f"{prefix}_min"), getattr(self, f"{prefix}_max")
+            loc, scale = (hi + lo) / 2, (hi - lo) / 2
+        else:
+            loc, scale = getattr(self, f"{prefix}_mean"), getattr(self, f"{prefix}_std")
+        return loc, torch.where(scale < 1e-4, torch.ones_like(scale), scale)  # constant dims stay put
+
+    def normalize(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        loc, scale = self._loc_scale(prefix)
+        return (x - loc) / scale
+
+    def unnormalize(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        loc, scale = self._loc_scale(prefix)
+        return x * scale + loc
+
+    def stats(self) -> dict[str, dict[str, np.ndarray]]:
+        """The statistics as numpy arrays, keyed like ``robopolicy.data.stats``."""
+        out = {"action": {n: getattr(self, f"action_{n}").cpu().numpy() for n in STAT_NAMES}}
+        if self.has_state:
+            out[STATE] = {n: getattr(self, f"state_{n}").cpu().numpy() for n in STAT_NAMES}
+        return out
+
+
+def _box_cxcywh(box_xyxy: torch.Tensor, frame_hw: tuple[int, int]) -> torch.Tensor:
+    """Pixel boxes ``(B, 4)`` x0 y0 x1 y1 → normalized ``(B, 4)`` cx cy w h in [0, 1]."""
+    h, w = frame_hw
+    x0, y0, x1, y1 = (box_xyxy / box_xyxy.new_tensor([w, h, w, h])).clamp(0, 1).unbind(-1)
+    return torch.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], dim=-1)
+
+
+def region_weights(box_cxcywh: torch.Tensor, grid: int) -> torch.Tensor:
+    """How much of each grid cell a box covers: ``(B, 4)`` → weights ``(B, grid*grid)`` summing to 1
+    (row-major cells, as the encoders flatten them). A degenerate box puts its weight on the cell
+    holding its centre."""
+    cx, cy, w, h = box_cxcywh.unbind(-1)
+    edges = torch.arange(grid + 1, device=box_cxcywh.device, dtype=box_cxcywh.dtype) / grid
+
+    def overlap(lo, hi):  # (B, grid)
+        return (torch.minimum(hi[:, None], edges[None, 1:]) - torch.maximum(lo[:, None], edges[None, :-1])).clamp(min=0)
+
+    wx, wy = overlap(cx - w / 2, cx + w / 2), overlap(cy - h / 2, cy + h / 2)
+    weights = (wy[:, :, None] * wx[:, None, :]).flatten(1)
+    centre = ((cy * grid).long().clamp(0, grid - 1) * grid + (cx * grid).long().clamp(0, grid - 1))
+    fallback = F.one_hot(centre, grid * grid).to(weights.dtype)
+    total = weights.sum(-1, keepdim=True)
+    return torch.where(total > 1e-8, weights / total.clamp(min=1e-8), fallback)
+
+
+class Policy(nn.Module):
+    """Encoders → fusion transformer → head. See the module docstring for I/O and shapes."""
+
+    def __init__(self, config: PolicyConfig, stats: Mapping[str, Mapping[str, Any]] | None = None):
+        super().__init__()
+        cfg = self.config = config
+        if not cfg.cameras:
+            raise PolicyError("policy config: 'cameras' is empty (the trainer fills it from the dataset)")
+        if not cfg.action_shape:
+            raise PolicyError("policy config: 'action_shape' is empty (the trainer fills it from the dataset)")
+        if cfg.head == "waypoints" and (len(cfg.action_shape) != 2 or cfg.action_shape[1] != 3):
+            raise PolicyError(f"waypoint head needs (K, 3) targets, the action feature has shape {cfg.action_shape} "
+                              f"(map data.features.action to oracle.waypoints)")
+        if cfg.head != "waypoints" and len(cfg.action_shape) != 1:
+            raise PolicyError(f"chunk heads need a flat action (A,), got shape {cfg.action_shape}")
+        if cfg.use_state and cfg.state_dim < 1:
+            raise PolicyError("model.use_state is true but the dataset has no state (data.features.state)")
+        d = cfg.d_model
+        self.vision = FusedVisionEncoder(list(cfg.encoders), cfg.grid)
+        n_tok = cfg.grid * cfg.grid
+        self.vision_proj = nn.Sequential(nn.LayerNorm(self.vision.out_dim), nn.Linear(self.vision.out_dim, d))
+        self.context = ContextTokens(len(cfg.context_strides), len(cfg.cameras), n_tok, d)
+        self.language = LanguageEncoder(cfg.language) if cfg.language.enabled else None
+        self.lang_proj = nn.Linear(self.language.dim, d) if self.language else None
+        self.state_proj = nn.Linear(cfg.state_dim, d) if cfg.use_state else None
+        self.backbone = FusionTransformer(d, cfg.n_heads, cfg.n_layers, dropout=cfg.dropout)
+        if cfg.head == "waypoints":
+            self.head = WaypointHead(cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers, cfg.dropout)
+        elif cfg.head == "chunk_l1":
+            self.head = ChunkL1Head(cfg.horizon, cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers, cfg.dropout)
+        else:
+            self.head = FlowChunkHead(cfg.horizon, cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers,
+                                      cfg.dropout, cfg.flow_steps)
+        self.aux = nn.ModuleDict()
+        if "align" in cfg.aux_heads:
+            if self.language is None:
+                raise PolicyError("aux head 'align' needs model.language.enabled=true")
+            self.aux["align"] = AlignHead(d)
+        if "ground" in cfg.aux_heads:
+            self.aux["ground"] = GroundingHead(d, cfg.n_heads, cfg.dropout)
+        self.normalizer = Normalizer(tuple(cfg.action_shape), cfg.state_dim if cfg.use_state else 0,
+                                     cfg.normalization, stats)
+        self._t0 = list(cfg.context_strides).index(0)
+        self._ring = FeatureRingBuffer(max(cfg.context_strides) + 1)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def output(self) -> str:
+        """``"waypoints"`` ((B, K, 3)) or ``"chunk"`` ((B, H, A))."""
+        return "waypoints" if self.config.head == "waypoints" else "chunk"
+
+    @property
+    def horizon(self) -> int:
+        """Steps per prediction: H for chunks, K for waypoints."""
+        return self.config.action_shape[0] if self.output == "waypoints" else self.config.horizon
+
+    @property
+    def cameras(self) -> list[str]:
+        return list(self.config.cameras)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def stats(self) -> dict[str, dict[str, np.ndarray]]:
+        """Normalization statistics carried by this policy."""
+        return self.normalizer.stats()
+
+    # ------------------------------------------------------------------ encoding
+    def encode_frames(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 frames ``(N, 3, H, W)`` → raw encoder features ``(N, grid*grid, C)``."""
+        return self.vision(images)
+
+    def _context_features(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """Batch → raw features ``(B, T, V, n, C)`` (cached ``features``, or encoded images)."""
+        if "features" in batch:
+            return batch["features"].float()
+        per_cam = []
+        for role in self.config.cameras:
+            key = IMAGE_PREFIX + role
+            if key not in batch:
+                raise PolicyError(f"batch lacks camera {key!r} (policy cameras: {self.config.cameras})")
+            imgs = batch[key]  # (B, T, 3, H, W)
+            b, t = imgs.shape[:2]
+            per_cam.append(self.encode_frames(imgs.flatten(0, 1)).view(b, t, *self._feature_shape()))
+        return torch.stack(per_cam, dim=2)
+
+    def _feature_shape(self) -> tuple[int, int]:
+        return (self.config.grid * self.config.grid, self.vision.out_dim)
+
+    def _memory(self, feats: torch.Tensor, context_pad: torch.Tensor | None, state: torch.Tensor | None,
+                tasks: list[str] | None, with_language: bool = True, with_state: bool = True):
+        """Fused memory ``(B, N, d)``, its padding mask ``(B, N)`` and the projected vision tokens
+        ``(B, T, V, n, d)``."""
+        b, t, v, n, _ = feats.shape
+        tok = self.vision_proj(feats)
+        vision = self.context(tok)
+        vpad = None
+        if context_pad is not None and self.config.mask_padded_context:
+            vpad = context_pad[:, :, None].expand(b, t, v * n).reshape(b, t * v * n)
+        lang = prop = None
+        if self.language is not None and with_language:
+            if tasks is None:
+                raise PolicyError("the policy is language-conditioned: the batch needs 'task' (the instruction)")
+            lang = self.lang_proj(self.language.embed(tasks).to(feats.device, feats.dtype))[:, None]
+        if self.state_proj is not None and with_state:
+            if state is None:
+                raise PolicyError(f"the policy uses proprio state: the batch needs {STATE!r}")
+            prop = self.state_proj(self.normalizer.normalize("state", state.float()))[:, None]
+        memory, pad = self.backbone(vision, lang, prop, vpad)
+        return memory, pad, tok
+
+    # ------------------------------------------------------------------ training
+    def losses(self, batch: Mapping[str, Any], weights: Mapping[str, float]) -> dict[str, torch.Tensor]:
+        """Named losses for a loader batch; ``weights`` (action, align, ground_box, ground_visible)
+        chooses which are computed. ``total`` is their weighted sum.
+
+        Batch: ``features (B, T, V, n, C)`` or ``observation.images.<role> (B, T, 3, H, W)``,
+        ``observation_is_pad (B, T)``, ``observation.state (B, T, D)``, ``task`` list of B str,
+        ``action (B, H, A)`` or waypoints ``(B, 1, K, 3)``, ``action_is_pad (B, H)``;
+        for align / ground: ``label.target_box (B, 4)`` pixels, ``label.target_visible (B,)``.
+        """
+        feats = self._context_features(batch)
+        ctx_pad = batch.get("observation_is_pad")
+        state = batch.get(STATE)
+        state = state[:, self._t0] if state is not None and state.ndim == 3 else state
+        tasks = list(batch["task"]) if "task" in batch else None
+        out: dict[str, torch.Tensor] = {}
+        w = {k: float(v) for k, v in weights.items() if float(v) != 0.0}
+        need_memory = any(k in w for k in ("action", "ground_box", "ground_visible"))
+        if need_memory:
+            memory, pad, _ = self._memory(feats, ctx_pad, state, tasks)
+        if "action" in w:
+            target = batch["action"].float()
+            if self.output == "waypoints":
+                target, act_pad = target[:, 0], None  # (B, 1, K, 3): the K waypoints at t
+            else:
+                act_pad = batch.get("action_is_pad")
+            out["action"] = self.head.loss(memory, pad, self.normalizer.normalize("action", target), act_pad)
+        if "ground_box" in w or "ground_visible" in w:
+            if "ground" not in self.aux:
+                raise PolicyError("grounding loss needs model.aux_heads to contain 'ground'")
+            box, visible = self._box_labels(batch)
+            g = self.aux["ground"].loss(memory, pad, box, visible)
+            out["ground_box"], out["ground_visible"] = g["box"], g["visible"]
+        if "align" in w:
+            if "align" not in self.aux:
+                raise PolicyError("alignment loss needs model.aux_heads to contain 'align'")
+            out["align"] = self._align_loss(feats, ctx_pad, tasks, batch)
+        out["total"] = sum(w[k] * out[k] for k in out)
+        return out
+
+    def _box_labels(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        for key in ("label.target_box", "label.target_visible"):
+            if key not in batch:
+                raise PolicyError(f"grounding / alignment needs the label {key!r} in the batch "
+                                  f"(add it to data.features.labels)")
+        if len(self.config.frame_size) != 2:
+            raise PolicyError("policy config: frame_size is unset (the trainer fills it from the dataset)")
+        box = _box_cxcywh(batch["label.target_box"].float().reshape(-1, 4), tuple(self.config.frame_size))
+        visible = batch["label.target_visible"].reshape(-1).bool() & (box[:, 2] * box[:, 3] > 0)
+        return box, visible
+
+    def _align_loss(self, feats, ctx_pad, tasks, batch) -> torch.Tensor:
+        """InfoNCE between the target's region of the current front frame (contextualised by the
+        backbone over vision tokens only, so the text cannot leak in) and the instruction."""
+        box, visible = self._box_labels(batch)
+        if tasks is None:
+            raise PolicyError("alignment needs 'task' (the instruction) in the batch")
+        b, t, v, n, _ = feats.shape
+        memory, _, _ = self._memory(feats, ctx_pad, None, None, with_language=False, with_state=False)
+        start = self._t0 * v * n  # first camera of the current frame
+        region = (region_weights(box, self.config.grid)[:, :, None] * memory[:, start:start + n]).sum(1)
+        text = self.lang_proj(self.language.embed(tasks).to(feats.device, feats.dtype))
+        keep = visible.nonzero().flatten()
+        if keep.numel() < 2:
+            return feats.new_zeros(())  # nothing to contrast in this batch
+        kept_tasks = [tasks[i] for i in keep.tolist()]
+        index = {s: i for i, s in enumerate(dict.fromkeys(kept_tasks))}
+        ids = torch.tensor([index[s] for s in kept_tasks], device=feats.device)
+        same = ids[:, None] == ids[None, :]
+        return self.aux["align"].loss(region[keep], text[keep], same)
+
+    # ------------------------------------------------------------------ inference
+    def reset(self, rows: Sequence[int] | None = None) -> None:
+        """Forget the temporal context (call at every episode start); ``rows``: only those batch
+        rows start a new episode (sub-envs of a vector env that were just reset)."""
+        self._ring.reset(rows)
+
+    def _obs_features(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
+        """Encode the current frame of every camera: ``(B, V, n, C)``."""
+        per_cam = []
+        for role in self.config.cameras:
+            key = IMAGE_PREFIX + role
+            if key not in obs:
+                raise PolicyError(f"observation lacks {key!r} (policy cameras: {self.config.cameras}; "
+                                  f"observation keys: {sorted(obs)})")
+            img = torch.as_tensor(np.asarray(obs[key]) if not isinstance(obs[key], torch.Tensor) else obs[key])
+            if img.ndim == 3:
+                img = img[None]
+            if img.ndim != 4:
+                raise PolicyError(f"{key}: expected (B, H, W, 3) images, got shape {tuple(img.shape)}")
+            if img.shape[-1] == 3 and img.shape[1] != 3:
+                img = img.permute(0, 3, 1, 2)
+            per_cam.append(self.encode_frames(img.to(self.device)))
+        feats = torch.stack(per_cam, dim=1)
+        return feats, feats.shape[0]
+
+    def observe(self, obs: Mapping[str, Any]) -> None:
+        """Push the frame of an env step on which no prediction is needed (keeps strides in env steps)."""
+        if max(self.config.context_strides) == 0:
+            return
+        self.eval()
+        with torch.inference_mode():
+            self._ring.push(self._obs_features(obs)[0])
+
+    def predict(self, obs: Mapping[str, Any], flow_steps: int | None = None) -> torch.Tensor:
+        """Observation batch → ``(B, H, A)`` actions or ``(B, K, 3)`` waypoints in env units (CPU float32)."""
+        self.eval()
+        with torch.inference_mode():
+            feats, b = self._obs_features(obs)
+            self._ring.push(feats)
+            ctx, pad = self._ring.context(self.config.context_strides)  # (B, T, V, n, C), (B, T)
+            ctx_pad = pad.to(self.device)
+            state = None
+            if self.state_proj is not None:
+                if STATE not in obs:
+                    raise PolicyError(f"observation lacks {STATE!r} (the policy uses proprio state)")
+                state = torch.as_tensor(np.asarray(obs[STATE], dtype=np.float32)).to(self.device).reshape(b, -1)
+                if state.shape[1] != self.config.state_dim:
+                    raise PolicyError(f"{STATE}: expected {self.config.state_dim} values, got {state.shape[1]}")
+            tasks = None
+            if self.language is not None:
+                if "task" not in obs:
+                    raise PolicyError("observation lacks 'task' (the policy is language-conditioned)")
+                task = obs["task"]
+                tasks = [task] * b if isinstance(task, str) else [str(s) for s in task]
+                if len(tasks) != b:
+                    raise PolicyError(f"'task' holds {len(tasks)} instructions for a batch of {b}")
+            memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks)
+            if isinstance(self.head, FlowChunkHead):
+                out = self.head(memory, mpad, steps=flow_steps)
+            else:
+                out = self.head(memory, mpad)
+            return self.normalizer.unnormalize("action", out).float().cpu()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: str | Path) -> Path:
+        """Write ``model.safetensors`` (weights + normalization stats) and ``config.yaml``, atomically."""
+        import yaml
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        cfg = to_dict(self.config)
+        state = {k: v.detach().cpu().contiguous().clone() for k, v in self.state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS_FILE),
+                  metadata={"format": str(CHECKPOINT_FORMAT), "policy_config": json.dumps(cfg, sort_keys=True)})
+        (tmp / CONFIG_FILE).write_text(yaml.safe_dump({"format": CHECKPOINT_FORMAT, "policy": cfg}, sort_keys=False))
+        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+        if directory.exists():
+            os.rename(directory, old)
+        os.rename(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+        return directory
+
+    @staticmethod
+    def read_checkpoint(directory: str | Path) -> tuple[PolicyConfig, dict[str, torch.Tensor], dict]:
+        """``(config, state dict, saved config dict)`` of a checkpoint directory, every problem named."""
+        from safetensors import safe_open
+
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise PolicyError(f"{directory}: checkpoint directory not found")
+        cfg_path, weights = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+        for p in (cfg_path, weights):
+            if not p.is_file():
+                raise PolicyError(f"{p}: file is missing (a checkpoint holds {CONFIG_FILE} and {WEIGHTS_FILE})")
+        data = load_yaml(cfg_path)
+        if data.get("format") != CHECKPOINT_FORMAT or "policy" not in data:
+            raise PolicyError(f"{cfg_path}: not a robopolicy checkpoint config (format {data.get('format')!r})")
+        try:
+            config = build(PolicyConfig, data["policy"], source=str(cfg_path), prefix="policy.")
+        except ConfigError as exc:
+            raise PolicyError(str(exc)) from None
+        try:
+            with safe_open(str(weights), framework="pt", device="cpu") as f:
+                meta = f.metadata() or {}
+                state = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise PolicyError(f"{weights}: cannot read the weights (truncated or corrupt safetensors file): "
+                              f"{exc}") from None
+        saved = json.loads(meta["policy_config"]) if "policy_config" in meta else None
+        return config, state, saved or {}
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "Policy":
+        """Rebuild a policy saved with :meth:`save`; mismatches name the config keys or tensors."""
+        config, state, saved = cls.read_checkpoint(directory)
+        if saved:
+            diff = _config_diff(saved, json.loads(json.dumps(to_dict(config))))
+            if diff:
+                raise PolicyError(f"{Path(directory) / WEIGHTS_FILE} was saved with another config than "
+                                  f"{Path(directory) / CONFIG_FILE}: " + "; ".join(diff[:5]))
+        policy = cls(config)
+        policy._load_state(state, Path(directory) / WEIGHTS_FILE)
+        return policy.to(device)
+
+    def _load_state(self, state: Mapping[str, torch.Tensor], source: Path) -> None:
+        own = self.state_dict()
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        shapes = [f"{k}: {tuple(state[k].shape)} in the file, {tuple(own[k].shape)} here"
+                  for k in own if k in state and state[k].shape != own[k].shape]
+        if missing or unexpected or shapes:
+            parts = []
+            if shapes:
+                parts.append(f"{len(shapes)} tensors differ in shape (e.g. {shapes[0]})")
+            if missing:
+                parts.append(f"{len(missing)} tensors missing (e.g. {missing[0]})")
+            if unexpected:
+                parts.append(f"{len(unexpected)} unexpected tensors (e.g. {unexpected[0]})")
+            raise PolicyError(f"{source}: the checkpoint comes from another model config: " + "; ".join(parts))
+        self.load_state_dict(state)
+
+    def load_pretrained(self, directory: str | Path) -> dict[str, list[str]]:
+        """Initialise from an earlier stage's checkpoint: every tensor whose name and shape match
+        (encoders, projections, backbone, shared heads); the normalizer stays this dataset's.
+        Architecture keys (``ARCHITECTURE_KEYS``) must agree. Returns loaded / skipped names."""
+        config, state, _ = self.read_checkpoint(directory)
+        src, dst = to_dict(config), to_dict(self.config)
+        diff = [f"model.{k}: {src[k]!r} in {directory}, {dst[k]!r} here"
+                for k in ARCHITECTURE_KEYS if src[k] != dst[k]]
+        if diff:
+            raise PolicyError(f"cannot start from {directory}: its model differs: " + "; ".join(diff))
+        own = self.state_dict()
+        loaded = {k: v for k, v in state.items()
+                  if k in own and v.shape == own[k].shape and not k.startswith("normalizer.")}
+        # A stage may change the head (waypoints → chunk, another horizon) or the proprio size:
+        # those tensors start fresh. Anything else of another shape is a different model.
+        bad = [k for k, v in state.items() if k in own and v.shape != own[k].shape
+               and not k.startswith(("normalizer.", "head.", "aux.", "state_proj."))]
+        if bad:
+            raise PolicyError(f"cannot start from {directory}: tensor {bad[0]} has shape {tuple(state[bad[0]].shape)} "
+                              f"there, {tuple(own[bad[0]].shape)} here")
+        self.load_state_dict(loaded, strict=False)
+        return {"loaded": sorted(loaded),
+                "new": sorted(k for k in own if k not in loaded and not k.startswith("normalizer."))}
+
+
+def _config_diff(a: Mapping, b: Mapping, prefix: str = "model.") -> list[str]:
+    """Human-readable differences between two nested config dicts."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            out += _config_diff(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            out.append(f"{prefix}{key}: {va!r} vs {vb!r}")
+    return out

