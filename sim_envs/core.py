@@ -30,15 +30,22 @@ class OracleStep:
 class Oracle:
     """Scripted expert with privileged state.
 
-    DART-style noise: the executed action is the label plus Gaussian noise of
-    ``noise`` × (half the action range), clipped to the action space; the label stays clean.
+    DART-style noise: the executed action is the label plus Gaussian noise of standard
+    deviation ``noise × noise_scale``, clipped to the action space; the label stays clean.
+    ``noise_scale`` defaults to half the action range; a task whose range is much wider than
+    the disturbance it tolerates (an arm's joint range vs a 2.5 cm cube) passes its own, so one
+    ``noise`` setting (e.g. 0.1) means a comparable disturbance on every task.
     """
 
-    def __init__(self, action_space: gymnasium.spaces.Box, noise: float = 0.0, seed: int | None = None):
+    def __init__(self, action_space: gymnasium.spaces.Box, noise: float = 0.0, seed: int | None = None,
+                 noise_scale: np.ndarray | float | None = None):
         if not np.isfinite(noise) or noise < 0:
             raise ValueError(f"oracle noise must be a finite number >= 0, got {noise!r}")
         self.action_space = action_space
         self.noise = float(noise)
+        if noise_scale is None:
+            noise_scale = 0.5 * (action_space.high - action_space.low)
+        self.noise_scale = np.broadcast_to(np.asarray(noise_scale, np.float64), action_space.shape)
         self.rng = np.random.default_rng(seed)
 
     def reset(self, obs: Mapping[str, Any], info: Mapping[str, Any]) -> None:
@@ -53,8 +60,7 @@ class Oracle:
         step = self.label(obs, info)
         if self.noise > 0:
             low, high = self.action_space.low, self.action_space.high
-            scale = 0.5 * (high - low)
-            noisy = step.label + self.noise * scale * self.rng.standard_normal(step.label.shape)
+            noisy = step.label + self.noise * self.noise_scale * self.rng.standard_normal(step.label.shape)
             step.action = np.clip(noisy, low, high).astype(self.action_space.dtype)
         return step
 

@@ -15,10 +15,10 @@ close, lift (no cube in hand → approach again), move (above the bowl), lower, 
 the cube→zone line), down, push along the line (re-aligning via rise/over/down when the cube
 drifts off it), hold. Reach: straight to the marker.
 
-DART noise (base class) is ``noise × half the action range`` per joint, i.e. 0.087 rad per
-0.05 of noise for the ±100° joints — about 2 cm of jitter at the tool for noise 0.05, which is
-more than a 2.5 cm cube tolerates; noise ≈ 0.01–0.02 suits these tasks (see the measured
-success rates: ``python bench/oracles.py --noise 0.02``).
+DART noise (base class): in joint mode the standard deviation is ``noise × JOINT_NOISE_SCALE``
+radians per joint (0.025 rad at noise 0.1, a few millimetres at the tool), not a share of the
+joint range: half of a ±100° range would give centimetres of jitter, more than a 2.5 cm cube
+tolerates. Measured success rates: ``python bench/oracles.py --noise 0.1``.
 
 Call ``reset(obs, info)`` at the start of every episode.
 """
@@ -49,12 +49,16 @@ def cube_yaw(quat: np.ndarray) -> float:
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
 
 
+JOINT_NOISE_SCALE = 0.25  # rad of executed-action noise per unit of ``noise`` (joint mode)
+
+
 class ArmOracle(Oracle):
     """Oracle for ``reach`` / ``push`` / ``pickplace`` (see the module docstring)."""
 
     def __init__(self, action_space, task: str, action_mode: str = "joint", ee_step: float = 0.015,
                  noise: float = 0.0, seed: int | None = None) -> None:
-        super().__init__(action_space, noise=noise, seed=seed)
+        scale = JOINT_NOISE_SCALE if action_mode == "joint" else None
+        super().__init__(action_space, noise=noise, seed=seed, noise_scale=scale)
         if task not in ("reach", "push", "pickplace"):
             raise ValueError(f"unknown arm task {task!r}")
         self.task = task
