@@ -80,11 +80,13 @@ class RealtimeSimThread:
                 self._ready.set()
                 next_t += self.period
                 delay = next_t - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                elif delay < -self.period:  # fell behind by a whole step: count it, do not catch up
+                if delay < -self.period:  # fell behind by a whole step: count it, do not catch up
                     self.late_steps += 1
                     next_t = time.monotonic()
+                # Always give up the core for part of a period: at FIFO priority a simulation
+                # that cannot keep real time would otherwise spin and starve every ordinary
+                # process on its core (the policy worker among them).
+                time.sleep(max(delay, 0.25 * self.period))
         except BaseException as exc:  # reported through latest() to the control thread
             self._error = exc
             self._ready.set()
