@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 quickstart: $(STAMP)
-	$(BIN)/robopolicy sim demo --config configs/sim/quickstart.yaml
+	$(BIN)/robopolicy quickstart --config configs/quickstart.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -16,7 +16,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from robopolicy.commands import collect, dataset, run, sim, train
+    from robopolicy.commands import collect, dataset, quickstart, run, sim, train
+    from robopolicy.commands import eval as eval_cmd
 
     parser = argparse.ArgumentParser(
         prog="robopolicy",
@@ -28,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_parser(sub)
     dataset.add_parser(sub)
     train.add_parser(sub)
+    eval_cmd.add_parser(sub)
+    quickstart.add_parser(sub)
     run.add_parser(sub)
     return parser
 

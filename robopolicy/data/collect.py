@@ -150,12 +150,23 @@ def _stage_one(env: Any, root: Path, features: dict, fps: int, seed: int, noise:
             "seconds": time.perf_counter() - t0, "late": summary.cadence.late_frames}
 
 
+def quiet_encoders() -> None:
+    """Keep per-episode encoder chatter (x264 stats, lerobot's bool-stats casts) off the console."""
+    import warnings
+
+    import av
+
+    av.logging.set_level(av.logging.ERROR)
+    warnings.filterwarnings("ignore", message="Converting input from bool", category=RuntimeWarning)
+
+
 def _worker(worker_id: int, env_cfg: dict, root: str, features: dict, fps: int, noise: float, vcodec: str,
             robot_type: str | None, seeds: Any, results: Any) -> None:
     """Worker process: take seeds until a None, stage each episode, report it."""
     import os
 
     os.environ.setdefault("MUJOCO_GL", "egl")
+    quiet_encoders()
     env = make_env(EnvConfig(**env_cfg), render_mode=None)
     try:
         while True:
@@ -184,6 +195,7 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
     """Run the collection described by ``cfg``; returns the summary (see the module docstring)."""
     if cfg.episodes < 1 or cfg.workers < 1:
         raise ValueError(f"episodes and workers must be >= 1, got episodes={cfg.episodes} workers={cfg.workers}")
+    quiet_encoders()
     root = Path(cfg.out)
     env_cfg = env_config_with_size(cfg)
     env = make_env(env_cfg, render_mode=None)

@@ -57,7 +57,11 @@ class FeatureRingBuffer:
             self._start: torch.Tensor | None = None
             self.count = 0  # frames pushed since reset
             return
-        self._start[torch.as_tensor(list(rows), dtype=torch.long)] = self.count
+        # A fresh tensor, not an in-place write: the buffer may have been made under
+        # torch.inference_mode(), and inference tensors cannot be modified outside it.
+        start = self._start.clone()
+        start[torch.as_tensor(list(rows), dtype=torch.long)] = self.count
+        self._start = start
 
     def push(self, features: torch.Tensor) -> None:
         if self._buf is None or self._buf.shape[0] != features.shape[0] or self._buf.shape[2:] != features.shape[1:]:
@@ -66,6 +70,8 @@ class FeatureRingBuffer:
                                  f"got {tuple(features.shape)}; call reset() between episodes or batch sizes")
             self._buf = features.new_zeros((features.shape[0], self.length, *features.shape[1:]))
             self._start = torch.zeros(features.shape[0], dtype=torch.long)
+        if self._buf.is_inference() and not torch.is_inference_mode_enabled():
+            self._buf = self._buf.clone()
         self._buf[:, self.count % self.length] = features
         self.count += 1
 

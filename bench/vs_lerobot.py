@@ -1,0 +1,366 @@
+"""Ours vs LeRobot's ACT and Diffusion Policy on the same arm dataset, at equal wall clock.
+
+    .venv/bin/python bench/vs_lerobot.py                                   # defaults below
+    .venv/bin/python bench/vs_lerobot.py budget_s=600 demos=200 episodes=50
+    .venv/bin/python bench/vs_lerobot.py policies=[ours,act] budget_s=120 episodes=4   # a quick look
+
+1. Dataset: ``demos`` oracle episodes of ``env`` collected with ``robopolicy collect`` (reused
+   when ``dataset`` already holds them). One camera (``camera``) at ``image_size`` px + the state.
+2. Training, ``budget_s`` of wall clock each (set-up, data loading and feature encoding
+   included), batch ``batch_size``; samples/s is the steady rate after the warm-up steps:
+   - ACT and Diffusion with lerobot's own code: ``ACTConfig`` / ``DiffusionConfig`` (lerobot's
+     defaults, no pretrained weights, no hub), ``make_*_pre_post_processors`` with the dataset's
+     statistics, ``LeRobotDataset`` with the policy's ``delta_timestamps`` (video decoding
+     included), the policy's optimizer preset and gradient clipping. The learning-rate
+     schedulers are left out (a budget has no known step count).
+   - Ours with ``robopolicy.train`` (frozen encoder + feature cache; the encoding counts).
+3. Evaluation in our env, the same seeds for all (``robopolicy.eval``); lerobot's policies run
+   through their own ``select_action`` (their action queues decide the chunk execution).
+4. Latency per chunk at batch 1 on the CPU, same image size: ACT ``predict_action_chunk``,
+   Diffusion one chunk generation, ours ``predict`` (encoder included).
+
+Prints one table plus ratios against ACT and writes ``<out_dir>/vs_lerobot.json``.
+Goals (issue 4): our latency <= 0.25x ACT's, our training samples/s >= 10x ACT's, our success >= ACT's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from robopolicy.config import load_config  # noqa: E402
+from robopolicy.envs import EnvConfig  # noqa: E402
+
+WARMUP_STEPS = 5
+
+
+@dataclass
+class BenchConfig:
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(
+        "robopolicy/ArmPickPlace-v0", {"num_cubes": 1, "num_bowls": 1}))
+    """Single-task by default: lerobot's ACT and Diffusion take no instruction."""
+    dataset: str = "outputs/bench/vs_lerobot/dataset"
+    demos: int = 50
+    collect_workers: int = 2
+    image_size: int = 96
+    camera: str = "front"
+    policies: list[str] = field(default_factory=lambda: ["ours", "act", "diffusion"])
+    budget_s: float = 300.0
+    """Training wall clock per policy (data loading / feature encoding included)."""
+    batch_size: int = 8
+    loader_workers: int = 1
+    """DataLoader processes decoding video for the lerobot policies."""
+    episodes: int = 10
+    eval_workers: int = 2
+    seed: int = 100_000
+    diffusion_eval_episodes: int | None = 2
+    """Diffusion generates each chunk with 100 denoising steps (seconds on a CPU): evaluate it on
+    fewer episodes (the first seeds of the same list); ``None``: all ``episodes``."""
+    diffusion_inference_steps: int | None = None
+    """Denoising steps per Diffusion chunk at inference; ``None``: lerobot's default (100)."""
+    latency_repeats: int = 5
+    ours: dict[str, Any] = field(default_factory=dict)
+    """Overrides of our ``TrainConfig`` (e.g. ``{model: {horizon: 16}}``)."""
+    threads: int = 2
+    out_dir: str = "outputs/bench/vs_lerobot"
+
+
+# --------------------------------------------------------------------------- dataset
+def ensure_dataset(cfg: BenchConfig) -> Path:
+    """Collect ``cfg.demos`` oracle episodes unless the dataset already holds them."""
+    from robopolicy.data.collect import CollectConfig, collect
+    from robopolicy.data.recorder import read_info
+
+    root = Path(cfg.dataset)
+    have = int(read_info(root)["total_episodes"]) if (root / "meta" / "info.json").is_file() else 0
+    if have >= cfg.demos:
+        print(f"[bench] dataset {root}: {have} episodes (reused)")
+        return root
+    print(f"[bench] collecting {cfg.demos} oracle episodes of {cfg.env.label()} -> {root}")
+    summary = collect(CollectConfig(env=cfg.env, episodes=cfg.demos, workers=cfg.collect_workers, noise=0.1, seed=0,
+                                    out=str(root), resume=have > 0, image_size=cfg.image_size, vcodec="h264",
+                                    progress=False))
+    print(summary.table())
+    return root
+
+
+# --------------------------------------------------------------------------- lerobot side
+def lerobot_parts(kind: str, root: Path, camera: str, diffusion_inference_steps: int | None = None):
+    """(config, policy, preprocessor, postprocessor, metadata) built with lerobot's own factories."""
+    from lerobot.configs.types import FeatureType
+    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+    from lerobot.datasets.utils import dataset_to_policy_features
+
+    meta = LeRobotDatasetMetadata("local/vs_lerobot", root=root)
+    features = dataset_to_policy_features(meta.features)
+    image_key = f"observation.images.{camera}"
+    inputs = {k: f for k, f in features.items() if k in (image_key, "observation.state")}
+    outputs = {k: f for k, f in features.items() if k == "action" and f.type is FeatureType.ACTION}
+    if kind == "act":
+        from lerobot.policies.act.configuration_act import ACTConfig
+        from lerobot.policies.act.modeling_act import ACTPolicy
+        from lerobot.policies.act.processor_act import make_act_pre_post_processors
+
+        config = ACTConfig(input_features=inputs, output_features=outputs, pretrained_backbone_weights=None,
+                           device="cpu", push_to_hub=False)
+        policy = ACTPolicy(config)
+        pre, post = make_act_pre_post_processors(config, dataset_stats=meta.stats)
+    elif kind == "diffusion":
+        from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+        from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+        from lerobot.policies.diffusion.processor_diffusion import make_diffusion_pre_post_processors
+
+        config = DiffusionConfig(input_features=inputs, output_features=outputs, pretrained_backbone_weights=None,
+                                 device="cpu", push_to_hub=False, num_inference_steps=diffusion_inference_steps)
+        policy = DiffusionPolicy(config)
+        pre, post = make_diffusion_pre_post_processors(config, dataset_stats=meta.stats)
+    else:
+        raise ValueError(f"unknown lerobot policy {kind!r}")
+    return config, policy, pre, post, meta
+
+
+def train_lerobot(kind: str, cfg: BenchConfig, root: Path) -> dict[str, Any]:
+    """Train for ``cfg.budget_s`` seconds of wall clock; returns the policy and its numbers."""
+    from lerobot.datasets.factory import resolve_delta_timestamps
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    t_start = time.perf_counter()
+    config, policy, pre, post, meta = lerobot_parts(kind, root, cfg.camera, cfg.diffusion_inference_steps)
+    dataset = LeRobotDataset("local/vs_lerobot", root=root, delta_timestamps=resolve_delta_timestamps(config, meta),
+                             video_backend="pyav")
+    loader = torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+                                         num_workers=cfg.loader_workers,
+                                         persistent_workers=cfg.loader_workers > 0)
+    preset = config.get_optimizer_preset()
+    optimizer = preset.build(policy.get_optim_params())
+    clip = float(getattr(preset, "grad_clip_norm", 10.0))
+    policy.train()
+    steps = samples = 0
+    losses: list[float] = []
+    t_train = time.perf_counter()
+    t_steady, steady_from = None, WARMUP_STEPS  # samples/s is measured after the warm-up steps
+    while time.perf_counter() - t_start < cfg.budget_s:
+        for batch in loader:
+            batch = pre(batch)
+            loss, _ = policy.forward(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), clip)
+            optimizer.step()
+            steps += 1
+            samples += cfg.batch_size
+            losses.append(float(loss.detach()))
+            if steps == steady_from:
+                t_steady = time.perf_counter()
+            if steps % 10 == 0:
+                print(f"[bench] {kind}: step {steps}, loss {np.mean(losses[-10:]):.4f}, "
+                      f"{samples / (time.perf_counter() - t_train):.1f} samples/s", flush=True)
+            if time.perf_counter() - t_start >= cfg.budget_s:
+                break
+    now = time.perf_counter()
+    seconds = now - t_train
+    if t_steady is not None and steps > steady_from:
+        rate = (steps - steady_from) * cfg.batch_size / (now - t_steady)
+    else:  # too few steps for a steady state: the whole run, warm-up included
+        rate = samples / seconds if seconds > 0 else 0.0
+    del loader, dataset  # stops the persistent decoding workers
+    policy.eval()
+    return {"policy": policy, "pre": pre, "post": post, "config": config, "steps": steps, "samples": samples,
+            "train_seconds": seconds, "wall_seconds": time.perf_counter() - t_start, "samples_per_s": rate,
+            "first_loss": losses[0] if losses else None, "last_loss": float(np.mean(losses[-10:])) if losses else None,
+            "params": sum(p.numel() for p in policy.parameters())}
+
+
+class LerobotEvalPolicy:
+    """A lerobot policy behind robopolicy's eval interface: one action per call, ``(B, 1, A)``;
+    lerobot's own action queue decides when a new chunk is generated."""
+
+    kind = "action"
+
+    def __init__(self, policy, pre, post, camera: str):
+        self.policy, self.pre, self.post, self.camera = policy, pre, post, camera
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    @torch.inference_mode()
+    def predict(self, obs: dict[str, Any]) -> torch.Tensor:
+        key = f"observation.images.{self.camera}"
+        batch = {key: obs[key].float() / 255.0, "observation.state": obs["observation.state"].float(),
+                 "task": list(obs["task"])}
+        action = self.post(self.policy.select_action(self.pre(batch)))
+        return action[:, None]
+
+
+# --------------------------------------------------------------------------- our side
+def steady_rate(metrics_csv: Path, fallback: float) -> float:
+    """Median ``samples_per_s`` of the trainer's log intervals after the first (warm-up) one."""
+    import csv
+
+    if not metrics_csv.is_file():
+        return fallback
+    with open(metrics_csv) as f:
+        rates = [float(row["samples_per_s"]) for row in csv.DictReader(f) if row.get("samples_per_s")]
+    return statistics.median(rates[1:]) if len(rates) > 1 else fallback
+
+
+def train_ours(cfg: BenchConfig, root: Path) -> dict[str, Any]:
+    """Our chunk policy for the same wall clock: a short calibration run sets the step count."""
+    from robopolicy.config import build, deep_merge, to_dict
+    from robopolicy.models.policy import Policy
+    from robopolicy.train import TrainConfig, train
+
+    base = {
+        "name": "vs_lerobot", "out": str(Path(cfg.out_dir) / "ours"), "overwrite": True, "progress": False,
+        "batch_size": cfg.batch_size, "save_every": 0, "log_every": 20, "threads": cfg.threads,
+        "data": {"dataset": str(root), "features": {"cameras": [cfg.camera]}},
+        "model": {"head": "chunk_l1", "horizon": 16, "context_strides": [0],
+                  "encoders": [{"name": "resnet18", "image_size": cfg.image_size, "frozen": True}],
+                  "language": {"enabled": False}, "d_model": 128, "n_heads": 4, "n_layers": 2},
+    }
+    data = deep_merge(base, cfg.ours)
+    t_start = time.perf_counter()
+    calib = build(TrainConfig, deep_merge(data, {"steps": 30, "log_every": 10, "out": data["out"] + "_calib"}),
+                  "<bench ours calibration>")
+    c = train(calib, log=lambda m: None)
+    spent = time.perf_counter() - t_start
+    steps = max(10, int((cfg.budget_s - spent) * c.samples_per_s / cfg.batch_size * 0.95))
+    run = build(TrainConfig, deep_merge(data, {"steps": steps}), "<bench ours>")
+    r = train(run, log=lambda m: print(m, flush=True))
+    policy = Policy.load(r.final)
+    policy.eval()
+    return {"policy": policy, "steps": r.steps, "samples": r.steps * cfg.batch_size, "train_seconds": r.seconds,
+            "wall_seconds": time.perf_counter() - t_start, "samples_per_s": steady_rate(r.out / "metrics.csv", r.samples_per_s),
+            "feature_seconds": c.feature_seconds + r.feature_seconds,
+            "first_loss": r.first_losses.get("total"), "last_loss": r.last_losses.get("total"),
+            "params": sum(p.numel() for p in policy.parameters()),
+            "trainable_params": sum(p.numel() for p in policy.parameters() if p.requires_grad),
+            "config": to_dict(run)}
+
+
+# --------------------------------------------------------------------------- measurements
+def sample_observation(cfg: BenchConfig) -> dict[str, Any]:
+    """One env observation as a batch of 1: uint8 images (1, 3, H, W), state (1, D), task."""
+    from robopolicy.eval.policy_runner import to_policy_batch
+    from robopolicy.envs import make_env
+
+    kwargs = {**cfg.env.kwargs, "image_size": cfg.image_size}
+    env = make_env(EnvConfig(cfg.env.id, kwargs), render_mode=None)
+    obs, _ = env.reset(seed=cfg.seed)
+    env.close()
+    batched = {k: (np.asarray(v)[None] if k != "task" else [v]) for k, v in obs.items()}
+    return to_policy_batch(batched)
+
+
+def chunk_latency_ms(name: str, entry: dict[str, Any], obs: dict[str, Any], repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds to produce one chunk at batch 1, after ``warmup`` untimed calls (the first
+    calls at a new input shape are several times slower on a CPU)."""
+    times = []
+    with torch.inference_mode():
+        for i in range(repeats + warmup):
+            if name == "ours":
+                policy = entry["policy"]
+                policy.reset()
+                t = time.perf_counter()
+                policy.predict(obs)
+            else:
+                policy, pre, camera = entry["policy"], entry["pre"], entry["camera"]
+                key = f"observation.images.{camera}"
+                batch = pre({key: obs[key].float() / 255.0, "observation.state": obs["observation.state"].float(),
+                             "task": list(obs["task"])})
+                policy.reset()
+                t = time.perf_counter()
+                if name == "act":
+                    policy.predict_action_chunk(batch)
+                else:
+                    policy.select_action(batch)  # an empty queue: generates one chunk
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+    return 1000.0 * statistics.median(times)
+
+
+def evaluate_policy(name: str, entry: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
+    from robopolicy.eval import ChunkConfig, EvalConfig, evaluate
+
+    episodes = cfg.episodes
+    if name == "diffusion" and cfg.diffusion_eval_episodes is not None:
+        episodes = min(episodes, cfg.diffusion_eval_episodes)
+    if name == "ours":
+        policy, chunk = entry["policy"], ChunkConfig(mode="chunk", steps_per_chunk=8)
+    else:
+        policy = LerobotEvalPolicy(entry["policy"], entry["pre"], entry["post"], cfg.camera)
+        chunk = ChunkConfig(mode="chunk", steps_per_chunk=1)
+    ecfg = EvalConfig(env=cfg.env, episodes=episodes, workers=min(cfg.eval_workers, episodes), seed=cfg.seed,
+                      image_size=cfg.image_size, chunk=chunk, videos=1, out_dir=str(Path(cfg.out_dir) / f"eval_{name}"),
+                      checkpoint=name)
+    report = evaluate(policy, ecfg)
+    return report.splits[0].summary
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if not a or not b:
+        return "—"
+    return f"{a / b:.2f}x"
+
+
+def main(argv: list[str]) -> int:
+    cfg = load_config(BenchConfig, None, argv)
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    root = ensure_dataset(cfg)
+    obs = sample_observation(cfg)
+    rows: dict[str, dict[str, Any]] = {}
+    for name in cfg.policies:
+        print(f"\n[bench] === {name}: training for {cfg.budget_s:.0f} s ===", flush=True)
+        entry = train_ours(cfg, root) if name == "ours" else train_lerobot(name, cfg, root)
+        entry["camera"] = cfg.camera
+        slow = name == "diffusion"  # seconds per chunk: one warm-up, one timed call
+        entry["latency_ms"] = chunk_latency_ms(name, entry, obs, 1 if slow else cfg.latency_repeats, 1 if slow else 3)
+        print(f"[bench] {name}: {entry['params'] / 1e6:.1f} M params, {entry['samples_per_s']:.1f} samples/s, "
+              f"{entry['latency_ms']:.1f} ms per chunk", flush=True)
+        entry["eval"] = evaluate_policy(name, entry, cfg)
+        rows[name] = {k: v for k, v in entry.items() if k not in ("policy", "pre", "post", "config")}
+
+    act = rows.get("act", {})
+    head = ["policy", "params M", "train steps", "samples/s", "ms/chunk (B=1)", "episodes", "success %",
+            "samples/s vs ACT", "latency vs ACT"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in rows.items():
+        ev = r["eval"]
+        lines.append("| " + " | ".join([
+            name, f"{r['params'] / 1e6:.1f}", str(r["steps"]), f"{r['samples_per_s']:.1f}", f"{r['latency_ms']:.1f}",
+            str(ev.get("episodes")), f"{100 * ev.get('success_rate', 0.0):.0f}",
+            _ratio(r["samples_per_s"], act.get("samples_per_s")), _ratio(r["latency_ms"], act.get("latency_ms")),
+        ]) + " |")
+    table = "\n".join(lines)
+    print(f"\n{cfg.env.label()}, {cfg.demos} demos, {cfg.image_size}px '{cfg.camera}' camera, "
+          f"{cfg.budget_s:.0f} s of training each, batch {cfg.batch_size}, {torch.get_num_threads()} CPU threads\n")
+    print(table)
+    if "ours" in rows and act:
+        o = rows["ours"]
+        print(f"\ngoals: latency {o['latency_ms'] / act['latency_ms']:.2f}x ACT (<= 0.25), "
+              f"samples/s {o['samples_per_s'] / max(act['samples_per_s'], 1e-9):.1f}x ACT (>= 10), "
+              f"success {100 * o['eval']['success_rate']:.0f}% vs ACT {100 * act['eval']['success_rate']:.0f}% (>=)")
+    (out / "vs_lerobot.json").write_text(json.dumps({"config": {k: v for k, v in vars(cfg).items() if k != "env"}
+                                                     | {"env": vars(cfg.env)}, "results": rows, "table": table},
+                                                    indent=2, default=str) + "\n")
+    print(f"\nresults: {out / 'vs_lerobot.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,122 @@
+"""``robopolicy eval``: roll a checkpoint out in simulation; per-split metrics, JSON, table, videos.
+
+    robopolicy eval --checkpoint outputs/train/pf_staged --env robopolicy/PersonFollow-v0 --episodes 200 --workers 2
+    robopolicy eval --checkpoint outputs/train/arm_act --env robopolicy/ArmPickPlace-v0 --episodes 50 \\
+        chunk.mode=ensemble chunk.ensemble_coeff=0.01
+    robopolicy eval --checkpoint CKPT --config configs/eval/pusht.yaml   # any gymnasium env + mapping
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from robopolicy.config import ConfigError, load_config, load_yaml, parse_overrides
+from robopolicy.eval.config import EvalConfig
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate a checkpoint in simulation (vectorized, per-split metrics, videos)")
+    p.add_argument("--checkpoint", help="policy directory (Policy.save)")
+    p.add_argument("--env", help="env id, e.g. robopolicy/PersonFollow-v0 (default: the checkpoint's)")
+    p.add_argument("--split", action="append", help="PersonFollow split (repeatable; default: all three)")
+    p.add_argument("--episodes", type=int, help="episodes per split (seeds seed..seed+N-1)")
+    p.add_argument("--workers", type=int, help="parallel envs (worker processes when > 1)")
+    p.add_argument("--seed", type=int, help="first episode seed")
+    p.add_argument("--videos", type=int, help="MP4s of the first N episodes per split")
+    p.add_argument("--out", help="output directory (default outputs/eval/<checkpoint name>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--config", help="YAML config (EvalConfig)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_eval)
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    out = []
+    for flag, key in (("checkpoint", "checkpoint"), ("env", "env.id"), ("episodes", "episodes"),
+                      ("workers", "workers"), ("seed", "seed"), ("videos", "videos"), ("out", "out_dir")):
+        value = getattr(args, flag)
+        if value is not None:
+            out.append(f"{key}={value}")
+    if args.split:
+        out.append(f"splits=[{','.join(args.split)}]")
+    if args.no_progress:
+        out.append("progress=false")
+    return out + list(args.overrides)
+
+
+def load_policy(checkpoint: str | Path, device: str = "auto") -> Any:
+    """``Policy.load(checkpoint)`` on ``device`` (``auto``: CUDA when available), in eval mode."""
+    path = Path(checkpoint)
+    if not path.is_dir():
+        raise ConfigError(f"checkpoint {str(path)!r} is not a directory (give the folder Policy.save wrote)")
+    import torch
+
+    from robopolicy.models.policy import Policy
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    policy = Policy.load(path, device=device)
+    policy.eval()
+    return policy
+
+
+def checkpoint_env(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The task a checkpoint was trained on, when its run says so: the run's ``train_config.yaml``
+    names the dataset, whose ``meta/info.json`` names the task (``robot_type``)."""
+    import json
+
+    import gymnasium
+
+    path = Path(checkpoint)
+    for run in (path, path.parent, path.parent.parent):
+        cfg_file = run / "train_config.yaml"
+        if not cfg_file.is_file():
+            continue
+        dataset = (load_yaml(cfg_file).get("data") or {}).get("dataset")
+        info = Path(str(dataset)) / "meta" / "info.json"
+        if not dataset or not info.is_file():
+            return None
+        robot_type = json.loads(info.read_text()).get("robot_type") or ""
+        for env_id in (robot_type, f"robopolicy/{robot_type}"):
+            if env_id in gymnasium.registry:
+                return {"id": env_id, "kwargs": {}}
+        return None
+    return None
+
+
+def _env_given(args: argparse.Namespace) -> bool:
+    """Whether the user chose the env id (flag, config file or override)."""
+    if args.env:
+        return True
+    if args.config and "id" in (load_yaml(args.config).get("env") or {}):
+        return True
+    return "id" in (parse_overrides(args.overrides).get("env") or {})
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from robopolicy.eval.rollout import evaluate
+
+    cfg = load_config(EvalConfig, args.config, _overrides(args))
+    if not cfg.checkpoint:
+        raise ConfigError("no checkpoint: give --checkpoint DIR (or checkpoint: in the config)")
+    if args.out is None and "out_dir" not in parse_overrides(args.overrides) and not (
+            args.config and "out_dir" in load_yaml(args.config)):
+        cfg.out_dir = str(Path("outputs/eval") / Path(cfg.checkpoint).name)
+    try:
+        policy = load_policy(cfg.checkpoint, cfg.device)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"robopolicy eval: cannot load checkpoint {cfg.checkpoint}: {exc}", file=sys.stderr)
+        return 1
+    if not _env_given(args):
+        env = checkpoint_env(cfg.checkpoint)
+        if env is not None:
+            cfg.env.id = env["id"]
+            cfg.env.kwargs = {**env.get("kwargs", {}), **cfg.env.kwargs}
+    report = evaluate(policy, cfg)
+    print()
+    print(report.table())
+    print(f"\nresults: {cfg.out_dir}/eval.json, {cfg.out_dir}/eval.md; videos: {cfg.out_dir}/videos/")
+    return 0

@@ -1,0 +1,23 @@
+"""Policy evaluation in simulation (``robopolicy eval``).
+
+- :mod:`~robopolicy.eval.config`: ``EvalConfig`` (env, splits, seeds, chunk execution, env mapping)
+- :mod:`~robopolicy.eval.envs`: the wrapped env each worker runs (no torch)
+- :mod:`~robopolicy.eval.chunking`: chunk execution and temporal ensembling
+- :mod:`~robopolicy.eval.policy_runner`: batching observations for ``Policy.predict``
+- :mod:`~robopolicy.eval.rollout`: ``evaluate(policy, cfg) -> EvalReport``
+- :mod:`~robopolicy.eval.report`: per-split summaries, JSON, markdown table
+
+Only the config is imported here: env worker processes import this package without torch.
+"""
+
+from robopolicy.eval.config import ChunkConfig, EnvMapping, EvalConfig
+
+__all__ = ["ChunkConfig", "EnvMapping", "EvalConfig", "evaluate"]
+
+
+def __getattr__(name: str):
+    if name == "evaluate":
+        from robopolicy.eval.rollout import evaluate
+
+        return evaluate
+    raise AttributeError(name)

@@ -1,0 +1,212 @@
+"""Vectorized policy rollouts: every split, the same seeds, metrics, JSON, table and videos.
+
+    from robopolicy.eval import EvalConfig, evaluate
+    report = evaluate(policy, EvalConfig(env=EnvConfig("robopolicy/PersonFollow-v0"), episodes=50, workers=2))
+    print(report.table())
+
+Loop (one split): W envs step together (``gymnasium`` vector env, autoreset off). Each env runs
+one episode at a time; episode i has seed ``cfg.seed + i``, whatever W is, so two policies (or two
+worker counts) see the same scenes. When an env finishes, it takes the next seed at once if the
+policy can reset one batch row (``policy.reset(rows)``); otherwise the envs run in waves and the
+whole policy is reset between them. The policy always sees the full batch of W observations.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from robopolicy.config import ConfigError
+from robopolicy.envs import EnvConfig
+from robopolicy.eval.chunking import ChunkExecutor
+from robopolicy.eval.config import EvalConfig
+from robopolicy.eval.envs import EPISODE_INFO, EvalEnvSpec, make_vector_env
+from robopolicy.eval.policy_runner import PolicyRunner
+from robopolicy.eval.report import EvalReport, SplitResult, summarize_split
+
+_RENDER_SIZE_TASKS = ("robopolicy/",)
+
+
+def waypoint_count(policy: Any, default: int = 8) -> int:
+    """K of a waypoint policy (its ``horizon``, ``num_waypoints`` or its config's), else ``default``."""
+    if getattr(policy, "output", None) == "waypoints" and isinstance(getattr(policy, "horizon", None), int):
+        return int(policy.horizon)
+    for owner in (policy, getattr(policy, "config", None), getattr(getattr(policy, "config", None), "head", None)):
+        k = getattr(owner, "num_waypoints", None)
+        if k:
+            return int(k)
+    return default
+
+
+def trained_image_size(policy: Any) -> int | None:
+    """The camera size the policy was trained on, when its config records one (square frames)."""
+    frame = getattr(getattr(policy, "config", None), "frame_size", None)
+    if frame and len(frame) == 2 and frame[0] == frame[1]:
+        return int(frame[0])
+    for owner in (policy, getattr(policy, "config", None)):
+        size = getattr(owner, "image_size", None)
+        if isinstance(size, int):
+            return size
+    return None
+
+
+def split_env_config(cfg: EvalConfig, split: str | None, policy: Any) -> EnvConfig:
+    """The env config of one split, with image and render sizes applied."""
+    kwargs = dict(cfg.env.kwargs)
+    if split is not None:
+        kwargs["split"] = split
+    image_size = cfg.image_size if cfg.image_size is not None else trained_image_size(policy)
+    if image_size is not None and cfg.env.id.startswith(_RENDER_SIZE_TASKS):
+        kwargs.setdefault("image_size", int(image_size))
+    if cfg.render_size is not None and cfg.env.id.startswith(_RENDER_SIZE_TASKS):
+        kwargs.setdefault("render_size", int(cfg.render_size))
+    return EnvConfig(id=cfg.env.id, kwargs=kwargs)
+
+
+def _follower_waypoints(cfg: EvalConfig, runner: PolicyRunner) -> int | None:
+    follower = cfg.mapping.follower
+    if follower == "none":
+        if runner.kind == "waypoints":
+            raise ConfigError("mapping.follower=none but the policy predicts waypoints: it needs follower=waypoints "
+                              "(or auto) to drive a (v, omega) env")
+        return None
+    if follower == "waypoints" and runner.kind != "waypoints":
+        raise ConfigError("mapping.follower=waypoints but the policy predicts action chunks, not waypoints")
+    return waypoint_count(runner.policy) if runner.kind == "waypoints" else None
+
+
+def _check_prediction(pred: np.ndarray, action_shape: tuple[int, ...], kind: str, env_label: str) -> None:
+    if kind == "waypoints":
+        if pred.shape[1:] != action_shape:
+            raise ValueError(f"policy predicts waypoints of shape {pred.shape[1:]} but the follower of {env_label} "
+                             f"expects {action_shape}")
+    elif (pred.shape[-1],) != action_shape:
+        raise ValueError(f"policy predicts {pred.shape[-1]}-D actions but {env_label} takes actions of shape "
+                         f"{action_shape} (wrong checkpoint for this env? or set mapping.action_scale)")
+
+
+def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Callable[[str], None] = print) -> SplitResult:
+    """Evaluate ``cfg.episodes`` seeded episodes of one split; see the module docstring."""
+    from tqdm import tqdm
+
+    env_cfg = split_env_config(cfg, split, runner.policy)
+    label = env_cfg.label()
+    n = cfg.episodes
+    seeds = [cfg.seed + i for i in range(n)]
+    video_dir = Path(cfg.out_dir) / "videos"
+    slug = label.replace("[", "_").replace("]", "")
+    videos = {seeds[i]: str(video_dir / f"{slug}_ep{i:03d}_seed{seeds[i]}.mp4") for i in range(min(cfg.videos, n))}
+    spec = EvalEnvSpec(env=env_cfg, mapping=cfg.mapping, waypoints=_follower_waypoints(cfg, runner), videos=videos,
+                       max_steps=cfg.max_steps)
+    width = min(cfg.workers, n)
+    every_step = cfg.chunk.predict_every_step
+    if every_step is None:  # a policy with temporal context must see every frame
+        every_step = runner.has_context and not runner.can_observe
+    mode = cfg.chunk.mode
+    if runner.kind == "waypoints" and mode == "ensemble":
+        raise ConfigError("chunk.mode=ensemble applies to action chunks; a waypoint policy needs chunk.mode=chunk")
+    executors = [ChunkExecutor(runner.kind, mode, cfg.chunk.steps_per_chunk, cfg.chunk.ensemble_coeff)
+                 for _ in range(width)]
+
+    t0 = time.perf_counter()
+    calls0, secs0 = runner.calls, runner.seconds
+    envs = make_vector_env(spec, width)
+    try:
+        action_shape = tuple(envs.single_action_space.shape)
+        pending = deque(range(n))
+        row_episode = np.full(width, -1)
+        records: list[dict | None] = [None] * n
+        env_steps = 0
+        checked = False
+        bar = tqdm(total=n, unit="ep", desc=label, disable=not cfg.progress, dynamic_ncols=True, leave=False)
+
+        def start(rows: list[int], obs: Any) -> Any:
+            mask = np.zeros(width, dtype=bool)
+            row_seeds: list[int | None] = [None] * width
+            for r in rows:
+                if pending:
+                    e = pending.popleft()
+                    row_episode[r], row_seeds[r], mask[r] = e, seeds[e], True
+                    executors[r].reset()
+            if not mask.any():
+                return obs
+            obs, _ = envs.reset(seed=row_seeds, options={"reset_mask": mask})
+            started = [int(r) for r in np.flatnonzero(mask)]
+            runner.reset(None if len(started) == width else started)
+            return obs
+
+        obs = start(list(range(width)), None)
+        while (row_episode >= 0).any():
+            active = np.flatnonzero(row_episode >= 0)
+            need = [int(r) for r in active if executors[r].needs_chunk()]
+            if need or every_step:
+                if not checked:
+                    try:
+                        pred = runner.predict(obs)
+                    except (ValueError, KeyError) as exc:
+                        raise ValueError(f"the policy cannot act in {label} (observation keys "
+                                         f"{sorted(k for k in obs if k != 'task')}): {exc}") from exc
+                    _check_prediction(pred, action_shape, runner.kind, label)
+                    checked = True
+                else:
+                    pred = runner.predict(obs)
+                for r in need:
+                    executors[r].add(pred[r])
+            else:
+                runner.observe(obs)
+            actions = np.zeros((width, *action_shape), dtype=np.float32)
+            for r in active:
+                actions[r] = executors[r].next_action()
+            obs, _reward, _term, _trunc, infos = envs.step(actions)
+            env_steps += len(active)
+            done_mask = infos.get(f"_{EPISODE_INFO}")
+            if done_mask is None or not np.any(done_mask):
+                continue
+            finished = [int(r) for r in np.flatnonzero(done_mask)]
+            for r in finished:
+                records[row_episode[r]] = json.loads(infos[EPISODE_INFO][r])
+                row_episode[r] = -1
+            bar.update(len(finished))
+            if runner.per_row_reset:
+                obs = start(finished, obs)
+            elif (row_episode < 0).all():
+                obs = start(list(range(width)), obs)
+        bar.close()
+        fps = float(envs.metadata.get("render_fps") or 0) or None
+    finally:
+        envs.close()
+
+    episodes = [r for r in records if r is not None]
+    seconds = time.perf_counter() - t0
+    calls = runner.calls - calls0
+    ms = 1000.0 * (runner.seconds - secs0) / calls if calls else float("nan")
+    result = SplitResult(
+        label=label, split=split, summary=summarize_split(cfg.env.id, episodes, fps), episodes=episodes,
+        seconds=seconds, env_steps=env_steps, policy_calls=calls, policy_ms_per_call=ms,
+        videos=[e["video"] for e in episodes if e.get("video")],
+    )
+    log(f"[eval] {label}: {len(episodes)} episodes in {seconds:.1f} s ({result.steps_per_s:.0f} env steps/s, "
+        f"{ms:.1f} ms per policy call)")
+    return result
+
+
+def evaluate(policy: Any, cfg: EvalConfig, log: Callable[[str], None] = print, save: bool = True) -> EvalReport:
+    """Evaluate ``policy`` on every split of ``cfg``; writes ``eval.json``, ``eval.md`` and videos
+    under ``cfg.out_dir`` when ``save``."""
+    import torch
+
+    from robopolicy.config import to_dict
+
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    runner = PolicyRunner(policy)
+    splits = [run_split(runner, cfg, split, log) for split in cfg.split_list()]
+    report = EvalReport(env_id=cfg.env.id, checkpoint=cfg.checkpoint, seed=cfg.seed, splits=splits, config=to_dict(cfg))
+    if save:
+        report.save(cfg.out_dir)
+    return report
