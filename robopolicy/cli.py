@@ -16,7 +16,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from robopolicy.commands import collect, dataset, quickstart, run, sim, train
+    from robopolicy.commands import collect, dataset, quickstart, refine, run, sim, train
     from robopolicy.commands import eval as eval_cmd
 
     parser = argparse.ArgumentParser(
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parser(sub)
     eval_cmd.add_parser(sub)
     quickstart.add_parser(sub)
+    refine.add_parser(sub)
     run.add_parser(sub)
     return parser
 

@@ -48,17 +48,17 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def load_policy(checkpoint: str | Path, device: str = "auto") -> Any:
-    """``Policy.load(checkpoint)`` on ``device`` (``auto``: CUDA when available), in eval mode."""
+    """A checkpoint directory (plain or refined) on ``device`` (``auto``: CUDA when available), in eval mode."""
     path = Path(checkpoint)
     if not path.is_dir():
         raise ConfigError(f"checkpoint {str(path)!r} is not a directory (give the folder Policy.save wrote)")
     import torch
 
-    from robopolicy.models.policy import Policy
+    from robopolicy.refine.residual import load_any_policy
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    policy = Policy.load(path, device=device)
+    policy = load_any_policy(path, device=device)  # a Policy, or a refined base + residual
     policy.eval()
     return policy
 

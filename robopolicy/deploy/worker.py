@@ -172,13 +172,59 @@ def _parse_options(text: str) -> dict[str, Any]:
     return out
 
 
-def load_checkpoint(path: Path) -> WorkerPolicy:
-    """Load a trained Policy directory. The Policy class (issue 4) plugs in here: wrap its
-    ``predict(obs batch) -> Tensor`` into the WorkerPolicy protocol (numpy in, numpy out)."""
-    raise NotImplementedError(
-        f"{path}: loading trained checkpoints needs robopolicy's Policy (not available yet); "
-        f"use a scripted policy: {', '.join(SCRIPTED)}"
-    )
+def _checkpoint_dataset_info(path: Path) -> dict[str, Any]:
+    """``meta/info.json`` of the dataset the checkpoint's run trained on, when the run says so."""
+    import json
+
+    from robopolicy.config import load_yaml
+
+    for run in (path, path.parent, path.parent.parent):
+        cfg_file = run / "train_config.yaml"
+        if cfg_file.is_file():
+            dataset = (load_yaml(cfg_file).get("data") or {}).get("dataset")
+            info = Path(str(dataset)) / "meta" / "info.json" if dataset else None
+            return json.loads(info.read_text()) if info is not None and info.is_file() else {}
+    return {}
+
+
+class CheckpointPolicy:
+    """A trained checkpoint (a :class:`Policy` or a refined base + residual) behind the
+    WorkerPolicy protocol: one numpy observation in, one chunk ``(H, A)`` or waypoints ``(K, 3)`` out.
+
+    ``dt`` is the spacing of the chunk's steps: the control period of the dataset the policy
+    was trained on (its fps), unless given.
+    """
+
+    def __init__(self, path: Path, dt: float | None = None):
+        import torch
+
+        from robopolicy.refine.residual import load_any_policy
+
+        self._torch = torch
+        self.policy = load_any_policy(path, "cpu")
+        self.policy.eval()
+        self.kind = "waypoints" if getattr(self.policy, "output", "chunk") == "waypoints" else "action"
+        if dt is None:
+            fps = _checkpoint_dataset_info(path).get("fps")
+            if not fps:
+                raise ValueError(f"{path}: cannot tell the policy's control rate (no train_config.yaml naming "
+                                 f"its dataset); pass dt explicitly")
+            dt = 1.0 / float(fps)
+        self.dt = float(dt)
+
+    def predict(self, obs: dict[str, Any], t: float) -> np.ndarray:
+        with self._torch.inference_mode():
+            out = self.policy.predict(obs)
+        return np.asarray(out[0].cpu().numpy(), dtype=np.float32)
+
+    def reset(self) -> None:
+        with self._torch.inference_mode():
+            self.policy.reset()
+
+
+def load_checkpoint(path: Path, dt: float | None = None) -> WorkerPolicy:
+    """Load a trained checkpoint directory (plain or refined) as a worker policy."""
+    return CheckpointPolicy(path, dt)
 
 
 def load_policy(spec: str) -> WorkerPolicy:

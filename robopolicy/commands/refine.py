@@ -1,0 +1,104 @@
+"""``robopolicy refine``: refine a policy in simulation (residual PPO, DAgger, RPD) or train PPO from scratch.
+
+    robopolicy refine --method residual-ppo --base outputs/train/arm_pp/final --env robopolicy/ArmPickPlace-v0 \\
+        --config configs/refine/residual_ppo_arm.yaml total_env_steps=50000
+    robopolicy refine --method ppo --env robopolicy/ArmPickPlace-v0 --config configs/refine/ppo_scratch_arm.yaml
+    robopolicy refine --method dagger --base outputs/train/pf_staged/final --env robopolicy/PersonFollow-v0 --split dt \\
+        --config configs/refine/dagger_track.yaml
+    robopolicy refine --method rpd --base outputs/train/arm_reach/final --env robopolicy/ArmReach-v0 \\
+        --config configs/refine/rpd_arm.yaml
+
+Each run writes ``<out>/curve.csv`` and ``curve.png`` (success vs env steps), ``summary.json``,
+the refined checkpoint ``<out>/final`` and prints a before / after table.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+METHODS = ("residual-ppo", "ppo", "dagger", "rpd")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("refine", help="refine a policy in simulation: residual PPO, DAgger, RPD (or PPO from scratch)")
+    p.add_argument("--method", required=True, choices=METHODS)
+    p.add_argument("--base", help="checkpoint to refine (residual-ppo, dagger) or the teacher (rpd)")
+    p.add_argument("--env", help="env id, e.g. robopolicy/ArmPickPlace-v0")
+    p.add_argument("--split", help="PersonFollow split (stt, dt, at)")
+    p.add_argument("--out", help="output directory")
+    p.add_argument("--config", help="YAML config of the method")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_refine)
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    out = []
+    if args.base:
+        out.append(f"base={args.base}")
+    if args.env:
+        out.append(f"env.id={args.env}")
+    if args.split:
+        out.append(f"env.kwargs.split={args.split}")
+    if args.out:
+        out.append(f"out_dir={args.out}")
+    if args.no_progress:
+        out.append("progress=false")
+    return out + list(args.overrides)
+
+
+def cmd_refine(args: argparse.Namespace) -> int:
+    from robopolicy.config import load_config
+    from robopolicy.models.policy import PolicyError
+
+    overrides = _overrides(args)
+    try:
+        if args.method in ("residual-ppo", "ppo"):
+            from robopolicy.refine import residual_ppo
+
+            cfg = load_config(residual_ppo.ResidualPPOConfig, args.config, overrides)
+            if args.method == "ppo":
+                if cfg.base:
+                    print("robopolicy refine: --method ppo trains from scratch; drop --base (or use residual-ppo)")
+                    return 2
+            elif not cfg.base:
+                print("robopolicy refine: --method residual-ppo needs --base CKPT (or use --method ppo)")
+                return 2
+            s = residual_ppo.train(cfg)
+            name = "base" if cfg.base else "untrained"
+            rows = [(name, s["before"]), ("after " + args.method, s["after"])]
+            extra = f"env steps to 80% success: {s['steps_to_80'] or 'not reached'}"
+        elif args.method == "dagger":
+            from robopolicy.refine import dagger
+
+            cfg = load_config(dagger.DAggerConfig, args.config, overrides)
+            if not cfg.base:
+                print("robopolicy refine: --method dagger needs --base CKPT")
+                return 2
+            s = dagger.train(cfg)
+            rows = [("base", s["before"], s["before_metrics"]),
+                    (f"after DAgger (filter {s['filter'] or 'off'})", s["after"], s["after_metrics"])]
+            extra = f"states kept {s['kept_states']}, dropped by the filter {s['dropped_states']}"
+        else:
+            from robopolicy.refine import rpd
+
+            cfg = load_config(rpd.RPDConfig, args.config, overrides)
+            if not cfg.base:
+                print("robopolicy refine: --method rpd needs --base CKPT (the teacher)")
+                return 2
+            s = rpd.train(cfg)
+            rows = [("teacher", s["teacher_success"]), ("student before", s["student_before"]),
+                    ("student after", s["student_after"])]
+            extra = (f"teacher {s['teacher_params']:,} params, student {s['student_params']:,} "
+                     f"({s['size_ratio']:.0f}x smaller); latency {s['latency_ms']['teacher']:.2f} ms vs "
+                     f"{s['latency_ms']['student']:.2f} ms ({s['latency_ratio']:.0f}x)")
+    except PolicyError as exc:
+        print(f"robopolicy refine: {exc}")
+        return 1
+    print("\n| policy | success | other |\n|---|---|---|")
+    for row in rows:
+        other = ", ".join(f"{k} {v:.3f}" for k, v in (row[2] if len(row) > 2 else {}).items())
+        print(f"| {row[0]} | {100 * row[1]:.1f}% | {other} |")
+    print(f"\n{extra}\nenv steps {s['env_steps']}, {s['seconds']:.0f} s; checkpoint {s['checkpoint']}; "
+          f"curve {cfg.out_dir}/curve.png")
+    return 0

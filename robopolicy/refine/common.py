@@ -1,0 +1,301 @@
+"""Pieces shared by the refinement loops: rollout envs, reward scale, GAE, evaluation, curves.
+
+Rollout envs are ``gymnasium`` vector envs of :class:`RefineEnv` (worker processes started with
+``spawn`` and no shared memory when there are several: text observations break with shared
+memory, and a forked child hangs creating its EGL context). Autoreset is ``SAME_STEP``: the
+observation returned with ``done`` is already the next episode's first one.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Callable, Sequence
+
+import gymnasium
+import numpy as np
+
+from robopolicy.envs import EnvConfig, make_env
+
+ENV_STATE = "observation.environment_state"
+"""Privileged low-dimensional scene state (object and target positions) added by :class:`RefineEnv`."""
+
+
+def privileged_state(info: dict) -> np.ndarray:
+    """The scene state an arm oracle sees, flattened: tool-centre point, goal target and goal cube
+    positions (zeros where the task has none); PersonFollow: target distance, bearing, visibility."""
+    if "ee_pos" in info:
+        ee = np.asarray(info["ee_pos"], np.float32)
+        targets = np.asarray(info["target_pos"], np.float32).reshape(-1, 3)
+        target = targets[int(info.get("goal_target", 0))]
+        cube = np.zeros(3, np.float32)
+        if "cube_pos" in info and int(info.get("goal_cube", -1)) >= 0:
+            cube = np.asarray(info["cube_pos"], np.float32).reshape(-1, 3)[int(info["goal_cube"])]
+        return np.concatenate([ee, target, cube, target - ee, cube - ee]).astype(np.float32)
+    if "target_distance" in info:
+        b = float(info["target_bearing"])
+        return np.array([info["target_distance"], math.cos(b), math.sin(b), float(info["target_visible"])], np.float32)
+    raise ValueError("privileged_state: this env's info has neither arm (ee_pos) nor tracking (target_distance) keys")
+
+
+class RefineEnv(gymnasium.Wrapper):
+    """A task env for refinement rollouts (no torch: worker processes build it).
+
+    - reward: ``sparse`` (1 on the step that ends an episode successfully, else 0) or ``dense``
+      (the task's own shaped reward);
+    - ``privileged``: adds :data:`ENV_STATE` ``(D,)`` to the observation;
+    - ``oracle``: puts the privileged oracle's clean label for the *returned* observation in
+      ``info["oracle_label"]`` (``(A,)``; ``info["oracle_waypoints"]`` ``(K, 3)`` for tracking)
+      and the label-reliability flags used by DAgger filters in ``info["label_flags"]``.
+    """
+
+    def __init__(self, env: gymnasium.Env, reward: str = "sparse", privileged: bool = False, oracle: bool = False):
+        super().__init__(env)
+        if reward not in ("sparse", "dense"):
+            raise ValueError(f"reward must be 'sparse' or 'dense', got {reward!r}")
+        self.reward_mode, self.privileged = reward, privileged
+        self.oracle = None
+        if oracle:
+            from sim_envs import make_oracle
+
+            self.oracle = make_oracle(env.unwrapped, noise=0.0)
+        if privileged:
+            dim = 15 if hasattr(env.unwrapped, "ik") else 4  # see privileged_state: arm / tracking
+            spaces_ = dict(env.observation_space.spaces)
+            spaces_[ENV_STATE] = gymnasium.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
+            self.observation_space = gymnasium.spaces.Dict(spaces_)
+
+    def _decorate(self, obs: dict, info: dict, first: bool) -> tuple[dict, dict]:
+        obs = dict(obs)
+        if self.privileged:
+            obs[ENV_STATE] = privileged_state(info)
+        if self.oracle is not None:
+            if first:
+                self.oracle.reset(obs, info)
+            step = self.oracle.label(obs, info)
+            info = dict(info)
+            info["oracle_label"] = np.asarray(step.label, np.float32)
+            if "waypoints" in step.extras:
+                info["oracle_waypoints"] = np.asarray(step.extras["waypoints"], np.float32)
+            info["label_flags"] = label_flags(info)
+        return obs, info
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self._decorate(obs, info, first=True)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.reward_mode == "sparse":
+            reward = float(bool(terminated) and bool(info.get("is_success", False)))
+        info = dict(info)
+        info["success"] = float(bool(info.get("is_success", False)) and (terminated or truncated))
+        obs, info = self._decorate(obs, info, first=False)
+        return obs, reward, terminated, truncated, info
+
+
+LABEL_FLAGS = ("target_lost", "near_collision")
+
+
+def label_flags(info: dict) -> np.ndarray:
+    """Per-state reasons an oracle label may be unreliable, as floats in :data:`LABEL_FLAGS` order:
+    the target is out of sight and beyond following range (not recoverable from here), or a
+    person or obstacle is already within collision range (the oracle cannot avoid it any more)."""
+    m = info.get("metrics")
+    if not isinstance(m, dict):
+        return np.zeros(len(LABEL_FLAGS), np.float32)
+    lost = (not m.get("visible", True)) and float(m.get("distance", 0.0)) > 3.0 or int(m.get("lost_counter", 0)) > 10
+    near = float(m.get("min_person_distance", 9.0)) < 0.7
+    return np.array([float(lost), float(near)], np.float32)
+
+
+def make_refine_env(env: EnvConfig, reward: str = "sparse", privileged: bool = False, oracle: bool = False,
+                    waypoints: int | None = None) -> gymnasium.Env:
+    """One :class:`RefineEnv` (what each vector-env worker unpickles and calls)."""
+    inner = make_env(env, render_mode=None)
+    if waypoints is not None:
+        from sim_envs.person_follow.waypoints import WaypointFollowWrapper
+
+        inner = WaypointFollowWrapper(inner, num_waypoints=int(waypoints))
+    return RefineEnv(inner, reward=reward, privileged=privileged, oracle=oracle)
+
+
+def make_vector_envs(env: EnvConfig, num_envs: int, **kwargs) -> gymnasium.vector.VectorEnv:
+    """``num_envs`` copies of :func:`make_refine_env` (spawned workers when > 1), same-step autoreset."""
+    fns = [partial(make_refine_env, env, **kwargs) for _ in range(num_envs)]
+    mode = gymnasium.vector.AutoresetMode.SAME_STEP
+    if num_envs == 1:
+        return gymnasium.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+    return gymnasium.vector.AsyncVectorEnv(fns, context="spawn", shared_memory=False, autoreset_mode=mode)
+
+
+def single_spaces(env: EnvConfig, **kwargs) -> tuple[gymnasium.spaces.Dict, gymnasium.spaces.Box]:
+    """Observation and action space of one refine env (built once in this process, then closed)."""
+    e = make_refine_env(env, **kwargs)
+    try:
+        return e.observation_space, e.action_space
+    finally:
+        e.close()
+
+
+class RewardScaler:
+    """Divide rewards by the running std of the discounted return (per env), then clip (ResiP)."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 5.0):
+        self.gamma, self.clip = gamma, clip
+        self.ret = np.zeros(num_envs)
+        self.count, self.mean, self.m2 = 1e-4, 0.0, 0.0
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.ret = self.ret * self.gamma + reward
+        for x in self.ret:  # Welford over every env's running return
+            self.count += 1
+            delta = x - self.mean
+            self.mean += delta / self.count
+            self.m2 += delta * (x - self.mean)
+        self.ret[done] = 0.0
+        std = math.sqrt(self.m2 / self.count) if self.count > 1 else 1.0
+        return np.clip(reward / max(std, 1e-8), -self.clip, self.clip)
+
+
+def gae(rewards, values, dones, last_value, gamma: float, lam: float):
+    """Generalized advantage estimation over a ``(T, N)`` rollout.
+
+    ``dones[t]``: the episode ended with step t (its ``values[t+1]`` belongs to the next episode).
+    Returns ``(advantages, returns)``, both ``(T, N)`` tensors.
+    """
+    import torch
+
+    T = rewards.shape[0]
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(T)):
+        next_value = last_value if t == T - 1 else values[t + 1]
+        alive = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_value * alive - values[t]
+        last = delta + gamma * lam * alive * last
+        adv[t] = last
+    return adv, adv + values
+
+
+def ppo_loss(new_logp, old_logp, adv, clip: float):
+    """Clipped surrogate (to minimise) and the approximate KL(old || new)."""
+    import torch
+
+    ratio = (new_logp - old_logp).exp()
+    surrogate = torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    approx_kl = ((ratio - 1) - (new_logp - old_logp)).mean()
+    return -surrogate.mean(), approx_kl
+
+
+@dataclass
+class EvalResult:
+    success: float
+    episodes: int
+    env_steps: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def evaluate_success(act: Callable[[dict], np.ndarray], reset_rows: Callable[[list[int]], None], env: EnvConfig,
+                     episodes: int, num_envs: int, seed: int, **env_kwargs) -> EvalResult:
+    """Run ``episodes`` episodes (each env runs its share, seeds fixed: ``seed + env index``, then
+    the env's own seeded sequence), with ``act(obs) -> (N, A)`` env actions; same seeds for every
+    policy, and every started episode is counted (no bias toward short ones)."""
+    num_envs = max(1, min(num_envs, episodes))
+    quota = [episodes // num_envs + (1 if i < episodes % num_envs else 0) for i in range(num_envs)]
+    envs = make_vector_envs(env, num_envs, **env_kwargs)
+    results: list[list[dict]] = [[] for _ in range(num_envs)]
+    steps = 0
+    try:
+        obs, _ = envs.reset(seed=[seed + i for i in range(num_envs)])
+        reset_rows(list(range(num_envs)))
+        while any(len(results[i]) < quota[i] for i in range(num_envs)):
+            obs, _r, term, trunc, info = envs.step(act(obs))
+            steps += sum(len(results[i]) < quota[i] for i in range(num_envs))
+            done = np.logical_or(term, trunc)
+            if done.any():
+                final = info.get("final_info", {})
+                for i in np.flatnonzero(done):
+                    if len(results[i]) < quota[i]:
+                        results[i].append(_episode_summary(final, i))
+                reset_rows([int(i) for i in np.flatnonzero(done)])
+    finally:
+        envs.close()
+    flat = [r for rs in results for r in rs]
+    metrics = {}
+    for key in ("collision", "lost", "tracking_rate"):
+        vals = [r[key] for r in flat if key in r]
+        if vals:
+            metrics[key] = float(np.mean(vals))
+    return EvalResult(float(np.mean([r["success"] for r in flat])), len(flat), steps, metrics)
+
+
+def _episode_summary(final_info: dict, i: int) -> dict:
+    """Episode ``i``'s summary from a vector env's ``final_info`` (a dict of per-env arrays)."""
+    out = {"success": bool(np.asarray(final_info.get("is_success", np.zeros(i + 1)))[i])}
+    em = final_info.get("episode_metrics")
+    if isinstance(em, dict):
+        for k, v in em.items():
+            if k.startswith("_"):
+                continue
+            val = np.asarray(v)[i]
+            if isinstance(val, (bool, int, float, np.number, np.bool_)):
+                out[k] = float(val)
+        if "success" in out:
+            out["success"] = bool(out["success"])
+    return out
+
+
+class Curve:
+    """Success vs environment steps, written as CSV and PNG."""
+
+    def __init__(self, out_dir: str | Path, name: str = "curve"):
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.rows: list[dict[str, float]] = []
+
+    def add(self, env_steps: int, success: float, **extra: float) -> None:
+        self.rows.append({"env_steps": int(env_steps), "success": float(success), **extra})
+        self.save()
+
+    def steps_to(self, level: float) -> int | None:
+        """First env-step count at which success reached ``level`` (``None``: never)."""
+        return next((int(r["env_steps"]) for r in self.rows if r["success"] >= level), None)
+
+    def save(self) -> tuple[Path, Path | None]:
+        csv_path = self.out / f"{self.name}.csv"
+        keys = list(dict.fromkeys(k for r in self.rows for k in r))
+        with open(csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(self.rows)
+        return csv_path, plot_curves({self.name: self.rows}, self.out / f"{self.name}.png")
+
+
+def plot_curves(curves: dict[str, Sequence[dict]], path: str | Path, title: str = "success vs env steps") -> Path | None:
+    """One line per named curve (rows with ``env_steps`` and ``success``); ``None`` without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in curves.items():
+        if rows:
+            ax.plot([r["env_steps"] for r in rows], [r["success"] for r in rows], marker="o", label=name)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,298 @@
+"""On-policy relabelling with filtered oracle labels (DAgger family).
+
+Read top to bottom: for each iteration: roll out the current policy mixed with the oracle (the
+oracle's action executes with probability ``beta``, decayed each iteration) → the privileged
+oracle labels every visited state → the filter drops states whose label is unreliable → the
+kept states join the aggregate (all earlier iterations) → fine-tune the policy with its own
+imitation loss on batches mixing the aggregate with the original dataset (``original``,
+``original_fraction``) → evaluate → repeat. Observations keep the policy's temporal context
+(frames at its strides within the visited episode), as the training loader builds them.
+
+Labels: a waypoint policy learns the oracle's ``(K, 3)`` waypoints of the state; a chunk policy
+learns the oracle's clean actions at the next ``H`` visited steps (the chunk it should have
+predicted along this trajectory), padded at the episode end.
+
+Filter (``filter`` list): ``target_lost`` (the target is out of sight and out of range: not
+recoverable from here), ``near_collision`` (a person already within collision range: the
+oracle cannot avoid it), ``pre_failure`` (the last ``pre_failure_steps`` states before an
+episode that ended in collision or loss: the oracle's labels led there too).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from robopolicy.envs import EnvConfig
+from robopolicy.refine.common import LABEL_FLAGS, Curve, EvalResult, evaluate_success, make_vector_envs
+
+FILTERS = (*LABEL_FLAGS, "pre_failure")
+
+
+@dataclass
+class DAggerConfig:
+    env: EnvConfig = field(default_factory=lambda: EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt"}))
+    base: str = ""
+    """Policy checkpoint to refine (a ``Policy`` directory)."""
+    iterations: int = 3
+    steps_per_iteration: int = 2_000
+    """Env steps collected per iteration (all envs together)."""
+    num_envs: int = 2
+    beta0: float = 0.5
+    """Probability that the oracle's action executes in iteration 0 (per step)..."""
+    beta_decay: float = 0.5
+    """... multiplied by this each iteration (DAgger's beta_i = beta0 * decay^i)."""
+    filter: list[str] = field(default_factory=lambda: list(FILTERS))
+    """Label filters to apply (empty: keep every state)."""
+    pre_failure_steps: int = 10
+    original: str = ""
+    """LeRobot dataset the base was trained on: its frames are mixed into every fine-tuning batch
+    (DAgger aggregates with the original data); empty: on-policy states only."""
+    original_action: str = "action"
+    """Target key of ``original`` (``oracle.waypoints`` for a waypoint policy)."""
+    original_fraction: float = 0.5
+    """Share of each fine-tuning batch drawn from ``original``."""
+    finetune_steps: int = 200
+    batch_size: int = 32
+    lr: float = 3e-5
+    steps_per_chunk: int | None = None
+    """Actions executed per predicted chunk (``None``: the whole chunk; waypoints: 1)."""
+    eval_episodes: int = 20
+    eval_envs: int = 2
+    eval_seed: int = 100_000
+    seed: int = 0
+    threads: int = 1
+    out_dir: str = "outputs/refine/dagger"
+    progress: bool = True
+
+    def __post_init__(self):
+        bad = [f for f in self.filter if f not in FILTERS]
+        if bad:
+            raise ValueError(f"dagger.filter: unknown {bad} (choose from {list(FILTERS)})")
+
+
+def policy_actor(policy, steps_per_chunk: int | None, waypoints: bool):
+    """``act(obs) -> (N, A)`` executing the policy's chunks from per-env queues, and ``reset(rows)``."""
+    from robopolicy.eval.policy_runner import to_policy_batch
+
+    queues: list[list[np.ndarray]] = []
+
+    def act(obs):
+        n = len(obs["task"])
+        if len(queues) != n:
+            queues[:] = [[] for _ in range(n)]
+        need = [i for i in range(n) if not queues[i]]
+        with torch.inference_mode():
+            batch = to_policy_batch(obs)
+            if need:
+                pred = policy.predict(batch).numpy()
+                k = 1 if waypoints else min(steps_per_chunk or pred.shape[1], pred.shape[1])
+                for i in need:
+                    queues[i] = [pred[i]] if waypoints else list(pred[i, :k])
+            elif max(policy.config.context_strides) > 0:
+                policy.observe(batch)
+        return np.stack([q.pop(0) for q in queues])
+
+    def reset(rows):
+        for r in rows:
+            if r < len(queues):
+                queues[r] = []
+        with torch.inference_mode():
+            policy.reset() if len(queues) == 0 or set(rows) >= set(range(len(queues))) else policy.reset(rows)
+
+    return act, reset
+
+
+def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, waypoints: int | None):
+    """Roll out the beta-mixture for ``steps_per_iteration`` steps; returns the visited frames with
+    oracle labels and filter flags (episodes in progress at the end are kept, unflagged)."""
+    act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
+    envs = make_vector_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints)
+    n = cfg.num_envs
+    episodes: list[list[dict]] = [[] for _ in range(n)]
+    frames: list[dict] = []
+    try:
+        obs, info = envs.reset(seed=[int(rng.integers(1 << 30)) + i for i in range(n)])
+        reset(list(range(n)))
+        steps = 0
+        while steps < cfg.steps_per_iteration:
+            own = act(obs)
+            label = info["oracle_waypoints"] if waypoints is not None else info["oracle_label"]
+            oracle_exec = rng.random(n) < beta
+            action = np.where(oracle_exec.reshape((n,) + (1,) * (own.ndim - 1)), label, own).astype(np.float32)
+            for i in range(n):
+                episodes[i].append({"obs": {k: np.array(v[i]) if k != "task" else str(v[i]) for k, v in obs.items()},
+                                    "label": np.array(info["oracle_label"][i]),
+                                    "waypoints": np.array(label[i]) if waypoints is not None else None,
+                                    "flags": np.array(info["label_flags"][i])})
+            obs, _r, term, trunc, info = envs.step(action)
+            steps += n
+            done = np.logical_or(term, trunc)
+            if done.any():
+                final = info["final_info"]
+                for i in np.flatnonzero(done):
+                    failed = _failed(final, int(i))
+                    for j, fr in enumerate(episodes[i]):
+                        fr["pre_failure"] = failed and j >= len(episodes[i]) - cfg.pre_failure_steps
+                    frames += _with_chunks(episodes[i])
+                    episodes[i] = []
+                reset([int(i) for i in np.flatnonzero(done)])
+    finally:
+        envs.close()
+    for ep in episodes:
+        for fr in ep:
+            fr["pre_failure"] = False
+        frames += _with_chunks(ep)
+    return frames
+
+
+def _failed(final: dict, i: int) -> bool:
+    em = final.get("episode_metrics")
+    if isinstance(em, dict):  # vector info: a dict of arrays
+        return bool(np.asarray(em.get("collision", [False] * (i + 1)))[i] or np.asarray(em.get("lost", [False] * (i + 1)))[i])
+    return False
+
+
+def _with_chunks(episode: list[dict]) -> list[dict]:
+    """Attach each frame's future clean labels along the trajectory (for chunk policies) and its
+    place in the episode (for the temporal context of the observation)."""
+    labels = np.stack([f["label"] for f in episode]) if episode else None
+    for j, f in enumerate(episode):
+        f["future"] = labels[j:]
+        f["episode"], f["index"] = episode, j
+    return episode
+
+
+def keep(frame: dict, filters: list[str]) -> bool:
+    """Whether the filter keeps this state's label."""
+    flags = dict(zip(LABEL_FLAGS, frame["flags"]))
+    if any(flags.get(f, 0.0) > 0 for f in filters if f in LABEL_FLAGS):
+        return False
+    return not ("pre_failure" in filters and frame.get("pre_failure", False))
+
+
+def make_batch(frames: list[dict], policy) -> dict:
+    """Aggregated frames → a loader-style batch for ``policy.losses``: the observation at the
+    policy's context strides (frames before the episode start repeat the first one, flagged as
+    padding, as the training loader does)."""
+    strides = list(policy.config.context_strides)
+    ctx = [[f.get("episode", [f])[max(f.get("index", 0) - s, 0)] for s in strides] for f in frames]
+    out: dict = {"task": [f["obs"]["task"] for f in frames]}
+    for key in frames[0]["obs"]:
+        if key.startswith("observation.images."):
+            out[key] = torch.from_numpy(np.stack([[c["obs"][key] for c in row] for row in ctx])).permute(0, 1, 4, 2, 3)
+        elif key == "observation.state":
+            out[key] = torch.from_numpy(np.stack([[c["obs"][key] for c in row] for row in ctx]).astype(np.float32))
+    out["observation_is_pad"] = torch.tensor([[f.get("index", 0) - s < 0 for s in strides] for f in frames])
+    if policy.output == "waypoints":
+        out["action"] = torch.from_numpy(np.stack([f["waypoints"] for f in frames]).astype(np.float32))[:, None]
+    else:
+        h = policy.config.horizon
+        chunks, pads = [], []
+        for f in frames:
+            fut = f["future"][:h]
+            pad = np.zeros(h, bool)
+            pad[len(fut):] = True
+            chunks.append(np.concatenate([fut, np.repeat(fut[-1:], h - len(fut), 0)]))
+            pads.append(pad)
+        out["action"] = torch.from_numpy(np.stack(chunks).astype(np.float32))
+        out["action_is_pad"] = torch.from_numpy(np.stack(pads))
+    return out
+
+
+def original_dataset(cfg: DAggerConfig, policy):
+    """The base's training data as a loader dataset (``None`` when ``cfg.original`` is empty)."""
+    if not cfg.original:
+        return None
+    from robopolicy.data.loader import TrainingDataset
+
+    waypoints = policy.output == "waypoints"
+    return TrainingDataset(cfg.original, cameras=policy.cameras,
+                           state_key="observation.state" if policy.config.use_state else None,
+                           action_key=cfg.original_action, context_strides=policy.config.context_strides,
+                           horizon=1 if waypoints else policy.config.horizon, progress=False)
+
+
+def _mix(batch: dict, original, n: int, rng: random.Random) -> dict:
+    """Append ``n`` random samples of the original dataset to an on-policy batch."""
+    from torch.utils.data import default_collate
+
+    keys = [k for k in batch if k != "task"]
+    items = [original[rng.randrange(len(original))] for _ in range(n)]
+    extra = default_collate([{k: it[k] for k in keys if k in it} for it in items])
+    out = {k: torch.cat([batch[k], extra[k].to(batch[k].dtype)]) if k in extra else batch[k] for k in keys}
+    out["task"] = list(batch["task"]) + [it["task"] for it in items]
+    return out
+
+
+def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, original=None) -> float:
+    """A few imitation steps on the aggregate; returns the mean loss of the last 20 steps."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    policy.train()
+    losses = []
+    n_orig = int(round(cfg.batch_size * cfg.original_fraction)) if original is not None else 0
+    for _ in range(cfg.finetune_steps):
+        batch = make_batch(rng.sample(data, min(cfg.batch_size - n_orig, len(data))), policy)
+        if n_orig:
+            batch = _mix(batch, original, n_orig, rng)
+        loss = policy.losses(batch, {"action": 1.0})["total"]
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+    policy.eval()
+    return float(np.mean(losses[-20:])) if losses else float("nan")
+
+
+def evaluate(policy, cfg: DAggerConfig, waypoints: int | None) -> EvalResult:
+    act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
+    return evaluate_success(act, reset, cfg.env, cfg.eval_episodes, cfg.eval_envs, cfg.eval_seed, waypoints=waypoints)
+
+
+def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) -> dict:
+    """Run DAgger; returns a summary and saves the refined policy under ``out_dir/final``."""
+    from robopolicy.models.policy import Policy
+
+    torch.manual_seed(cfg.seed)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    rng, prng = np.random.default_rng(cfg.seed), random.Random(cfg.seed)
+    policy = policy or Policy.load(cfg.base)
+    waypoints = policy.horizon if policy.output == "waypoints" else None
+    out = Path(cfg.out_dir)
+    curve = Curve(out, "curve")
+    t0 = time.perf_counter()
+    before = evaluate(policy, cfg, waypoints)
+    curve.add(0, before.success, **before.metrics)
+    log(f"[dagger] before: success {before.success:.1%} {before.metrics}")
+    original = original_dataset(cfg, policy)
+    data: list[dict] = []
+    env_steps, dropped = 0, 0
+    for it in range(cfg.iterations):
+        beta = cfg.beta0 * cfg.beta_decay**it
+        frames = collect(policy, cfg, beta, rng, waypoints)
+        env_steps += len(frames)
+        kept = [f for f in frames if keep(f, cfg.filter)]
+        dropped += len(frames) - len(kept)
+        data += kept
+        loss = finetune(policy, data, cfg, prng, original) if data else float("nan")
+        res = evaluate(policy, cfg, waypoints)
+        curve.add(env_steps, res.success, **res.metrics)
+        log(f"[dagger] iteration {it}: beta {beta:.2f}, kept {len(kept)}/{len(frames)} states, aggregate {len(data)}, "
+            f"loss {loss:.4f}, success {res.success:.1%} {res.metrics}")
+    policy.save(out / "final")
+    summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
+               "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
+               "env_steps": env_steps, "dropped_states": dropped, "kept_states": len(data),
+               "filter": list(cfg.filter), "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

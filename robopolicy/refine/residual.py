@@ -1,0 +1,344 @@
+"""A frozen base policy plus a small closed-loop residual actor-critic, saved as one checkpoint.
+
+    policy = ResidualPolicy(ResidualConfig(), action_low, action_high, base=Policy.load(ckpt), input_dims=...)
+    chunk = policy.predict(obs)     # (B, 1, A): this step's action in env units (base + residual)
+    policy.save("outputs/refine/arm_pp")   # residual.yaml + residual.safetensors + base/ (the base checkpoint)
+    policy = load_any_policy("outputs/refine/arm_pp")   # a residual or a plain Policy checkpoint
+
+Per step: the base's chunk is executed from a queue (``execute_steps`` actions of each predicted
+chunk, then the base is asked again) and the residual corrects every executed action:
+``a = unnorm(clip(norm(a_base) + scale * r, -1, 1))`` with ``norm`` mapping the env's action box
+to [-1, 1]. The residual's input is the concatenation of the chosen ``inputs``:
+
+- ``state``: ``observation.state (D,)``;
+- ``features``: the base's fused memory, mean-pooled ``(d_model,)``, from its latest prediction;
+- ``base_action``: the current base action, normalized ``(A,)``;
+- ``environment_state``: privileged scene state (simulation only; see ``common.ENV_STATE``).
+
+Inputs are standardized by running statistics (buffers, saved with the residual). The last actor
+layer starts at zero, so an untrained residual reproduces the base exactly. Without a base
+(``base=None``) the same module is a plain actor-critic over the whole action (PPO from scratch,
+or a compact RPD student): ``norm(a_base)`` is 0 and ``scale`` is 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from robopolicy.config import build, load_yaml, to_dict
+from robopolicy.models.policy import STATE, Policy, PolicyError
+
+RESIDUAL_CONFIG = "residual.yaml"
+RESIDUAL_WEIGHTS = "residual.safetensors"
+BASE_DIR = "base"
+INPUTS = ("state", "features", "base_action", "environment_state")
+ENV_STATE = "observation.environment_state"
+
+
+@dataclass
+class ResidualConfig:
+    """The residual actor-critic (saved in ``residual.yaml``)."""
+
+    inputs: list[str] = field(default_factory=lambda: ["state", "features", "base_action"])
+    """What the residual sees (see the module docstring); ``environment_state`` is simulation-only."""
+    scale: float = 0.1
+    """Residual step in normalized action units (ignored without a base: then 1)."""
+    hidden: list[int] = field(default_factory=lambda: [256, 256])
+    """Hidden sizes of the actor and of the (separate) critic."""
+    log_std: float = -1.0
+    """Initial log standard deviation of the Gaussian actor (normalized units)."""
+    learn_std: bool = False
+    """Train the log-std (ResiP keeps it fixed)."""
+    execute_steps: int = 8
+    """Actions executed from each base chunk before the base is asked again (ResiP: 8 of 32)."""
+
+    def __post_init__(self):
+        bad = [i for i in self.inputs if i not in INPUTS]
+        if bad or not self.inputs:
+            raise ValueError(f"residual.inputs: unknown {bad} (choose from {list(INPUTS)})")
+        if self.execute_steps < 1:
+            raise ValueError("residual.execute_steps must be >= 1")
+
+
+def mlp(sizes: Sequence[int], zero_last: bool = False) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.Tanh())
+    if zero_last:
+        nn.init.zeros_(layers[-1].weight)
+        nn.init.zeros_(layers[-1].bias)
+    return nn.Sequential(*layers)
+
+
+class RunningNorm(nn.Module):
+    """Running mean / variance of the residual's inputs (buffers: saved with the checkpoint)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.tensor(1e-4))
+
+    def update(self, x: torch.Tensor) -> None:
+        m, v, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        total = self.count + n
+        delta = m - self.mean
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + v * n + delta**2 * self.count * n / total) / total
+        self.count = total
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / (self.var.sqrt() + 1e-6)).clamp(-10, 10)
+
+
+class ResidualPolicy(nn.Module):
+    """Frozen base + residual actor-critic; the eval / run surface of a policy (see module docstring)."""
+
+    output = "chunk"
+
+    def __init__(self, config: ResidualConfig, action_low: Sequence[float], action_high: Sequence[float],
+                 base: Policy | None = None, state_dim: int = 0, env_state_dim: int = 0):
+        super().__init__()
+        self.config = config
+        self.base = base
+        if base is not None:
+            for p in base.parameters():
+                p.requires_grad_(False)
+            if base.output != "chunk":
+                raise PolicyError("residual PPO over a waypoint base is not supported yet (the residual corrects "
+                                  "per-step actions; a waypoint base needs a residual on its follower's twist)")
+            if list(base.config.action_shape) != [len(action_low)]:
+                raise PolicyError(f"the base policy predicts {base.config.action_shape[-1]}-D actions but the env takes "
+                                  f"{len(action_low)}-D actions: wrong base checkpoint for this env")
+            state_dim = base.config.state_dim or state_dim
+        else:
+            bad = [i for i in config.inputs if i in ("features", "base_action")]
+            if bad:
+                raise PolicyError(f"residual.inputs {bad} need a base policy (--base); without one use "
+                                  f"state and/or environment_state")
+        low = torch.as_tensor(np.asarray(action_low, np.float32))
+        high = torch.as_tensor(np.asarray(action_high, np.float32))
+        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+            raise PolicyError("residual refinement needs a bounded action space")
+        self.register_buffer("action_loc", (high + low) / 2)
+        self.register_buffer("action_half", ((high - low) / 2).clamp(min=1e-6))
+        a = len(action_low)
+        dims = {"state": state_dim, "features": base.config.d_model if base is not None else 0,
+                "base_action": a, "environment_state": env_state_dim}
+        missing = [k for k in config.inputs if dims[k] <= 0]
+        if missing:
+            raise PolicyError(f"residual input {missing[0]!r} has no size (state_dim={state_dim}, "
+                              f"env_state_dim={env_state_dim})")
+        self.input_dims = {k: int(dims[k]) for k in config.inputs}
+        d_in = sum(self.input_dims.values())
+        self.norm = RunningNorm(d_in)
+        self.actor = mlp([d_in, *config.hidden, a], zero_last=True)
+        self.critic = mlp([d_in, *config.hidden, 1])
+        self.log_std = nn.Parameter(torch.full((a,), float(config.log_std)), requires_grad=config.learn_std)
+        self.step_scale = float(config.scale) if base is not None else 1.0
+        self._queue: list[list[np.ndarray]] = []
+        self._features: torch.Tensor | None = None
+        self._memory_hook: Any = None
+
+    # ------------------------------------------------------------------ eval / run surface
+    @property
+    def horizon(self) -> int:
+        return 1
+
+    @property
+    def image_size(self) -> int | None:
+        """The base's training frame size (square), so ``robopolicy eval`` renders the right cameras."""
+        frame = list(self.base.config.frame_size) if self.base is not None else []
+        return int(frame[0]) if len(frame) == 2 and frame[0] == frame[1] else None
+
+    def reset(self, rows: Sequence[int] | None = None) -> None:
+        """Forget queued base actions (and the base's context) of ``rows`` (all when ``None``)."""
+        if rows is None or set(rows) >= set(range(len(self._queue))):
+            rows = None
+            self._queue = []
+            self._features = None
+        else:
+            for r in rows:
+                if r < len(self._queue):
+                    self._queue[r] = []
+        if self.base is not None:
+            # inside inference mode: the base's ring buffer was created by predict() in inference mode
+            with torch.inference_mode():
+                self.base.reset(rows) if rows is not None and self._queue else self.base.reset()
+
+    @torch.no_grad()
+    def predict(self, obs: Mapping[str, Any]) -> torch.Tensor:
+        """Observation batch → ``(B, 1, A)``: this step's action (deterministic) in env units."""
+        x, base_norm = self.residual_input(obs)
+        return self.env_action(base_norm, self.actor(self.norm(x)))[:, None]
+
+    # ------------------------------------------------------------------ pieces used by the PPO loops
+    def _pooled_memory(self, module, inputs, output) -> None:
+        memory, pad = output
+        keep = (~pad).float()[..., None] if pad is not None else torch.ones_like(memory[..., :1])
+        with torch.inference_mode(False):
+            self._features = ((memory * keep).sum(1) / keep.sum(1).clamp(min=1)).clone()
+
+    def base_actions(self, obs: Mapping[str, Any], peek: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This step's base actions ``(B, A)`` (env units) from the chunk queues, refilled where empty,
+        and the base features ``(B, d)`` of its latest prediction. ``peek``: leave the actions queued
+        (a bootstrap value for the observation that the next step will act on)."""
+        b = _batch_size(obs)
+        if self.base is None:
+            return self.action_loc.expand(b, -1).clone(), None
+        if len(self._queue) != b:  # a new batch size: start every row afresh
+            self.reset()
+            self._queue = [[] for _ in range(b)]
+        need = [i for i in range(b) if not self._queue[i]]
+        if need:
+            if self._memory_hook is None:
+                self._memory_hook = self.base.backbone.register_forward_hook(self._pooled_memory)
+            old = self._features
+            chunk = self.base.predict(obs).numpy()  # (B, H, A); the hook refreshes self._features
+            if old is not None and len(need) < b:  # rows mid-chunk keep the features of their chunk
+                fresh = self._features.clone()
+                keep = torch.ones(b, dtype=torch.bool)
+                keep[need] = False
+                fresh[keep] = old[keep]
+                self._features = fresh
+            n = min(self.config.execute_steps, chunk.shape[1])
+            for i in need:
+                self._queue[i] = list(chunk[i, :n])
+        elif max(self.base.config.context_strides) > 0 and not peek:
+            self.base.observe(obs)
+        acts = torch.as_tensor(np.stack([q[0] if peek else q.pop(0) for q in self._queue]), dtype=torch.float32)
+        return acts, self._features
+
+    def residual_input(self, obs: Mapping[str, Any], peek: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw residual input ``(B, D_in)`` and the normalized base action ``(B, A)`` (``peek``: see
+        :meth:`base_actions`)."""
+        base_act, feats = self.base_actions(obs, peek)
+        base_norm = ((base_act - self.action_loc) / self.action_half).clamp(-1, 1)
+        if self.base is None:
+            base_norm = torch.zeros_like(base_norm)
+        parts = []
+        for key in self.config.inputs:
+            if key == "state":
+                parts.append(_tensor(obs, STATE).reshape(base_act.shape[0], -1))
+            elif key == "features":
+                parts.append(feats)
+            elif key == "base_action":
+                parts.append(base_norm)
+            else:
+                parts.append(_tensor(obs, ENV_STATE).reshape(base_act.shape[0], -1))
+        x = torch.cat(parts, dim=1).float()
+        if x.shape[1] != self.norm.mean.shape[0]:
+            raise PolicyError(f"residual input has {x.shape[1]} values, the residual was built for "
+                              f"{self.norm.mean.shape[0]} ({self.input_dims})")
+        return x, base_norm
+
+    def env_action(self, base_norm: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Normalized base action + scaled residual → env units, inside the action box."""
+        return (base_norm + self.step_scale * residual).clamp(-1, 1) * self.action_half + self.action_loc
+
+    def dist(self, x_normed: torch.Tensor) -> torch.distributions.Normal:
+        """Gaussian over the residual ``(B, A)`` for normalized inputs."""
+        return torch.distributions.Normal(self.actor(x_normed), self.log_std.exp().expand(x_normed.shape[0], -1))
+
+    def value(self, x_normed: torch.Tensor) -> torch.Tensor:
+        return self.critic(x_normed).squeeze(-1)
+
+    def trainable_parameters(self) -> dict[str, list[nn.Parameter]]:
+        actor = list(self.actor.parameters()) + ([self.log_std] if self.config.learn_std else [])
+        return {"actor": actor, "critic": list(self.critic.parameters())}
+
+    # ------------------------------------------------------------------ checkpoint
+    def save(self, directory: str | Path) -> Path:
+        """``residual.yaml`` + ``residual.safetensors`` + ``base/`` (the base checkpoint), atomically."""
+        import yaml
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        state = {k: v.detach().cpu().contiguous().clone() for k, v in self.state_dict().items()
+                 if not k.startswith("base.")}
+        save_file(state, str(tmp / RESIDUAL_WEIGHTS))
+        meta = {"format": 1, "kind": "residual" if self.base is not None else "actor_critic",
+                "residual": to_dict(self.config), "base": BASE_DIR if self.base is not None else None,
+                "action_low": (self.action_loc - self.action_half).tolist(),
+                "action_high": (self.action_loc + self.action_half).tolist(),
+                "input_dims": self.input_dims}
+        (tmp / RESIDUAL_CONFIG).write_text(yaml.safe_dump(meta, sort_keys=False))
+        if self.base is not None:
+            self.base.save(tmp / BASE_DIR)
+        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+        if directory.exists():
+            os.rename(directory, old)
+        os.rename(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "ResidualPolicy":
+        """Rebuild a residual checkpoint (with its base) saved by :meth:`save`."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        meta_path = directory / RESIDUAL_CONFIG
+        if not meta_path.is_file():
+            raise PolicyError(f"{directory}: not a residual checkpoint ({RESIDUAL_CONFIG} is missing)")
+        meta = load_yaml(meta_path)
+        config = build(ResidualConfig, meta.get("residual") or {}, source=str(meta_path), prefix="residual.")
+        base = None
+        if meta.get("base"):
+            base_dir = directory / str(meta["base"])
+            if not (base_dir / "config.yaml").is_file():
+                raise PolicyError(f"{directory} is a residual checkpoint but its base policy is missing "
+                                  f"(expected the base checkpoint in {base_dir}); the residual alone cannot act")
+            base = Policy.load(base_dir)
+        dims = meta.get("input_dims") or {}
+        policy = cls(config, meta["action_low"], meta["action_high"], base=base,
+                     state_dim=int(dims.get("state", 0)), env_state_dim=int(dims.get("environment_state", 0)))
+        weights = directory / RESIDUAL_WEIGHTS
+        if not weights.is_file():
+            raise PolicyError(f"{weights}: file is missing")
+        state = load_file(str(weights))
+        missing = [k for k in policy.state_dict() if not k.startswith("base.") and k not in state]
+        if missing:
+            raise PolicyError(f"{weights}: tensors missing (e.g. {missing[0]}): saved with another residual config")
+        policy.load_state_dict(state, strict=False)
+        return policy.to(device).eval()
+
+
+def load_any_policy(directory: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+    """Load a checkpoint directory of any kind: a residual / actor-critic checkpoint
+    (``residual.yaml``) or a plain :class:`Policy` checkpoint (``config.yaml``)."""
+    directory = Path(directory)
+    if (directory / RESIDUAL_CONFIG).is_file():
+        return ResidualPolicy.load(directory, device)
+    if (directory / "residual.safetensors").is_file():
+        raise PolicyError(f"{directory}: residual weights without {RESIDUAL_CONFIG}")
+    return Policy.load(directory, device)
+
+
+def _batch_size(obs: Mapping[str, Any]) -> int:
+    for key, value in obs.items():
+        if key != "task":
+            arr = value if isinstance(value, torch.Tensor) else np.asarray(value)
+            return int(arr.shape[0]) if arr.ndim > 1 or key == STATE and arr.ndim == 2 else 1
+    return len(obs["task"]) if isinstance(obs.get("task"), (list, tuple)) else 1
+
+
+def _tensor(obs: Mapping[str, Any], key: str) -> torch.Tensor:
+    if key not in obs:
+        raise PolicyError(f"observation lacks {key!r} (residual inputs need it; observation keys: {sorted(obs)})")
+    v = obs[key]
+    return (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v, np.float32))).float()

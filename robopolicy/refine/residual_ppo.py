@@ -1,0 +1,196 @@
+"""Residual PPO over a frozen base policy (ResiP); without a base, PPO from scratch (same loop).
+
+Read top to bottom: build envs and the policy → for each update: roll out ``num_steps`` steps in
+``num_envs`` envs (base chunk from its queue + residual sample, every executed step) → scale the
+sparse reward by the running std of the return → GAE → clipped PPO epochs over the full batch
+with a target-KL early stop → evaluate every ``eval_every`` env steps → save.
+
+Shapes: ``x (T, N, D_in)`` normalized residual inputs, ``r (T, N, A)`` residual samples.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from robopolicy.envs import EnvConfig
+from robopolicy.refine.common import (Curve, EvalResult, RewardScaler, evaluate_success, gae, make_vector_envs,
+                                      ppo_loss, single_spaces)
+from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy
+
+
+@dataclass
+class ResidualPPOConfig:
+    """Residual PPO (and PPO from scratch when ``base`` is empty)."""
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig("robopolicy/ArmReach-v0"))
+    base: str = ""
+    """Base policy checkpoint (frozen); empty: PPO from scratch on the whole action."""
+    residual: ResidualConfig = field(default_factory=ResidualConfig)
+    reward: str = "sparse"
+    """``sparse`` (success) or ``dense`` (the task's shaped reward)."""
+    total_env_steps: int = 20_000
+    num_envs: int = 4
+    num_steps: int = 128
+    """Rollout length per env per update (batch = num_envs * num_steps)."""
+    gamma: float = 0.99
+    """Discount (ResiP uses 0.999 for its ~1000-step episodes; ours last 100-200 steps)."""
+    gae_lambda: float = 0.95
+    clip: float = 0.2
+    update_epochs: int = 20
+    """PPO epochs over the full batch (ResiP: 50), stopped early at ``target_kl``."""
+    minibatches: int = 1
+    target_kl: float = 0.1
+    actor_lr: float = 3e-4
+    critic_lr: float = 1e-3
+    """Critic learns faster than the actor (ResiP)."""
+    vf_coef: float = 0.5
+    max_grad_norm: float = 1.0
+    reward_clip: float = 5.0
+    eval_every: int = 4_000
+    """Evaluate every this many env steps (and before training, and at the end)."""
+    eval_episodes: int = 20
+    eval_envs: int = 2
+    eval_seed: int = 100_000
+    seed: int = 0
+    threads: int = 1
+    out_dir: str = "outputs/refine/residual_ppo"
+    progress: bool = True
+
+
+def env_kwargs(cfg: ResidualPPOConfig) -> dict:
+    return {"reward": cfg.reward, "privileged": "environment_state" in cfg.residual.inputs}
+
+
+def build_policy(cfg: ResidualPPOConfig, base=None) -> ResidualPolicy:
+    """The residual (over ``base`` or ``cfg.base``) sized for ``cfg.env``."""
+    from robopolicy.refine.residual import load_any_policy
+
+    obs_space, act_space = single_spaces(cfg.env, **env_kwargs(cfg))
+    if base is None and cfg.base:
+        base = load_any_policy(cfg.base)
+        if isinstance(base, ResidualPolicy):
+            raise ValueError(f"--base {cfg.base} is already a residual checkpoint; give a plain policy checkpoint")
+    state_dim = obs_space["observation.state"].shape[0] if "observation.state" in obs_space.spaces else 0
+    env_dim = obs_space[ENV_STATE].shape[0] if ENV_STATE in obs_space.spaces else 0
+    return ResidualPolicy(cfg.residual, act_space.low, act_space.high, base=base, state_dim=state_dim,
+                          env_state_dim=env_dim)
+
+
+def evaluate(policy: ResidualPolicy, cfg: ResidualPPOConfig) -> EvalResult:
+    """Deterministic success rate on the fixed evaluation seeds."""
+    def act(obs):
+        return policy.predict(obs)[:, 0].numpy()
+    return evaluate_success(act, policy.reset, cfg.env, cfg.eval_episodes, cfg.eval_envs, cfg.eval_seed,
+                            **env_kwargs(cfg))
+
+
+def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Callable[[str], None] = print) -> dict:
+    """Run residual PPO; returns a summary (before / after success, steps to 80%, paths)."""
+    from tqdm import tqdm
+
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir)
+    policy = policy or build_policy(cfg)
+    params = policy.trainable_parameters()
+    opt_actor = torch.optim.Adam(params["actor"], lr=cfg.actor_lr, eps=1e-5)
+    opt_critic = torch.optim.Adam(params["critic"], lr=cfg.critic_lr, eps=1e-5)
+    curve = Curve(out, "curve")
+    t0 = time.perf_counter()
+
+    before = evaluate(policy, cfg)
+    curve.add(0, before.success, seconds=time.perf_counter() - t0)
+    log(f"[refine] before: success {before.success:.1%} ({before.episodes} episodes)")
+
+    envs = make_vector_envs(cfg.env, cfg.num_envs, **env_kwargs(cfg))
+    n, T, a_dim = cfg.num_envs, cfg.num_steps, policy.action_loc.shape[0]
+    d_in = policy.norm.mean.shape[0]
+    x_buf = torch.zeros(T, n, d_in)
+    r_buf, logp_buf = torch.zeros(T, n, a_dim), torch.zeros(T, n)
+    rew_buf, done_buf, val_buf = torch.zeros(T, n), torch.zeros(T, n), torch.zeros(T, n)
+    scaler = RewardScaler(n, cfg.gamma, cfg.reward_clip)
+    obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
+    policy.reset()
+    env_steps, next_eval, episodes, successes = 0, cfg.eval_every, 0, 0
+    bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
+    try:
+        while env_steps < cfg.total_env_steps:
+            # ---- rollout: the base's queued action + a sampled residual on every step
+            with torch.no_grad():
+                for t in range(T):
+                    x, base_norm = policy.residual_input(obs)
+                    policy.norm.update(x)
+                    x = policy.norm(x)
+                    dist = policy.dist(x)
+                    r = dist.sample()
+                    action = policy.env_action(base_norm, r)
+                    x_buf[t], r_buf[t], logp_buf[t] = x, r, dist.log_prob(r).sum(-1)
+                    val_buf[t] = policy.value(x)
+                    obs, reward, term, trunc, info = envs.step(action.numpy())
+                    done = np.logical_or(term, trunc)
+                    rew_buf[t] = torch.as_tensor(scaler(np.asarray(reward, np.float64), done), dtype=torch.float32)
+                    done_buf[t] = torch.as_tensor(done, dtype=torch.float32)
+                    if done.any():
+                        rows = [int(i) for i in np.flatnonzero(done)]
+                        policy.reset(rows)
+                        episodes += len(rows)
+                        successes += int(np.asarray(info["final_info"].get("is_success", np.zeros(n)))[rows].sum())
+                env_steps += T * n
+                bar.update(T * n)
+                x_last, _ = policy.residual_input(obs, peek=True)  # the next step acts on these queued actions
+                last_value = policy.value(policy.norm(x_last))
+                adv, ret = gae(rew_buf, val_buf, done_buf, last_value, cfg.gamma, cfg.gae_lambda)
+
+            # ---- PPO: full-batch (or minibatch) epochs, early stop at target KL
+            b_x, b_r, b_logp = x_buf.reshape(T * n, -1), r_buf.reshape(T * n, -1), logp_buf.reshape(-1)
+            b_adv, b_ret = adv.reshape(-1), ret.reshape(-1)
+            b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
+            stats = {}
+            for epoch in range(cfg.update_epochs):
+                perm = torch.randperm(T * n)
+                kl_stop = False
+                for idx in perm.chunk(cfg.minibatches):
+                    dist = policy.dist(b_x[idx])
+                    new_logp = dist.log_prob(b_r[idx]).sum(-1)
+                    pg_loss, kl = ppo_loss(new_logp, b_logp[idx], b_adv[idx], cfg.clip)
+                    v_loss = 0.5 * (policy.value(b_x[idx]) - b_ret[idx]).pow(2).mean()
+                    if kl.item() > cfg.target_kl:
+                        kl_stop = True
+                        break
+                    opt_actor.zero_grad()
+                    opt_critic.zero_grad()
+                    (pg_loss + cfg.vf_coef * v_loss).backward()
+                    torch.nn.utils.clip_grad_norm_(params["actor"] + params["critic"], cfg.max_grad_norm)
+                    opt_actor.step()
+                    opt_critic.step()
+                    stats = {"pg_loss": pg_loss.item(), "v_loss": v_loss.item(), "kl": kl.item(), "epochs": epoch + 1}
+                if kl_stop:
+                    break
+            bar.set_postfix(ep=episodes, train_sr=f"{successes / max(episodes, 1):.2f}", **{k: round(v, 3) for k, v in stats.items()})
+
+            if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
+                next_eval += cfg.eval_every
+                res = evaluate(policy, cfg)
+                curve.add(env_steps, res.success, seconds=time.perf_counter() - t0)
+                log(f"[refine] {env_steps} env steps: success {res.success:.1%}")
+                policy.reset()  # evaluation used the policy's queues: restart the training episodes' chunks
+    finally:
+        bar.close()
+        envs.close()
+    after = EvalResult(curve.rows[-1]["success"], cfg.eval_episodes, 0)
+    policy.save(out / "final")
+    summary = {"before": before.success, "after": after.success, "env_steps": env_steps,
+               "steps_to_80": curve.steps_to(0.8), "seconds": time.perf_counter() - t0,
+               "checkpoint": str(out / "final"), "curve_csv": str(out / "curve.csv"), "curve_png": str(out / "curve.png")}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+

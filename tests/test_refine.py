@@ -1,0 +1,207 @@
+"""Refinement: residual starts at the base, PPO learns, DAgger filter, RPD pulls toward the teacher,
+clear errors, checkpoint round trip (and ``robopolicy.eval`` runs the combined checkpoint)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from robopolicy.envs import EnvConfig
+from robopolicy.models.encoders import EncoderConfig
+from robopolicy.models.language import LanguageConfig
+from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
+from robopolicy.refine import dagger
+from robopolicy.refine.common import RewardScaler, gae, ppo_loss
+from robopolicy.refine.residual import BASE_DIR, ResidualConfig, ResidualPolicy, load_any_policy
+
+LOW, HIGH = -np.full(6, 20.0, np.float32), np.full(6, 20.0, np.float32)
+
+
+def tiny_base(action_dim: int = 6, seed: int = 0) -> Policy:
+    torch.manual_seed(seed)
+    cfg = PolicyConfig(head="chunk_l1", cameras=["front"], encoders=[EncoderConfig(name="test_resnet", image_size=32)],
+                       grid=2, context_strides=[0], horizon=6, language=LanguageConfig(enabled=False), d_model=32,
+                       n_heads=2, n_layers=1, head_layers=1, action_shape=[action_dim], state_dim=6, frame_size=[32, 32])
+    shape = (action_dim,)
+    stats = {"action": {"mean": np.full(shape, 0.5, np.float32), "std": np.full(shape, 0.3, np.float32),
+                        "min": np.full(shape, -1, np.float32), "max": np.full(shape, 2, np.float32),
+                        "q01": np.zeros(shape, np.float32), "q99": np.ones(shape, np.float32)},
+             "observation.state": {k: np.full(6, v, np.float32) for k, v in
+                                   (("mean", 0), ("std", 1), ("min", -1), ("max", 1), ("q01", -1), ("q99", 1))}}
+    return Policy(cfg, stats).eval()
+
+
+def obs_batch(b: int = 2, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {"observation.images.front": rng.integers(0, 255, (b, 32, 32, 3), dtype=np.uint8),
+            "observation.state": rng.normal(size=(b, 6)).astype(np.float32), "task": ["reach"] * b}
+
+
+def test_residual_starts_exactly_at_the_base():
+    base = tiny_base()
+    obs = obs_batch()
+    chunk = base.predict(obs).numpy()  # (B, H, A)
+    base.reset()
+    policy = ResidualPolicy(ResidualConfig(execute_steps=4), LOW, HIGH, base=base)
+    policy.reset()
+    policy.residual_input(obs, peek=True)  # a bootstrap peek leaves the queued actions in place
+    for k in range(4):  # the queue executes the first 4 actions of the same chunk
+        np.testing.assert_allclose(policy.predict(obs)[:, 0].numpy(), chunk[:, k], atol=1e-5)
+    # a trained (non-zero) residual moves the action by at most scale * |r| in normalized units
+    torch.nn.init.normal_(policy.actor[-1].weight)
+    policy.reset()
+    moved = policy.predict(obs)[:, 0].numpy()
+    assert not np.allclose(moved, chunk[:, 0])
+
+
+def test_ppo_update_lowers_loss_and_learns_a_bandit():
+    torch.manual_seed(0)
+    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5), -np.ones(1), np.ones(1),
+                            state_dim=2)
+    opt = torch.optim.Adam(policy.actor.parameters(), lr=1e-2)
+    x = torch.randn(256, 2)
+    # contextual bandit: reward 1 when the action's sign matches the first input's sign
+    for it in range(30):
+        with torch.no_grad():
+            dist = policy.dist(x)
+            r = dist.sample()
+            logp = dist.log_prob(r).sum(-1)
+            reward = (torch.sign(r[:, 0]) == torch.sign(x[:, 0])).float()
+            adv = (reward - reward.mean()) / (reward.std() + 1e-8)
+        first = ppo_loss(policy.dist(x).log_prob(r).sum(-1), logp, adv, 0.2)[0].item()
+        for _ in range(5):
+            loss, _kl = ppo_loss(policy.dist(x).log_prob(r).sum(-1), logp, adv, 0.2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            after = ppo_loss(policy.dist(x).log_prob(r).sum(-1), logp, adv, 0.2)[0].item()
+        if it == 0:
+            assert after < first - 0.05  # the update lowers the surrogate loss on its batch
+    with torch.no_grad():
+        mean = policy.dist(x).mean[:, 0]
+    assert (torch.sign(mean) == torch.sign(x[:, 0])).float().mean() > 0.9
+
+
+def test_gae_and_reward_scale():
+    rewards = torch.tensor([[0.0], [0.0], [1.0]])
+    values = torch.zeros(3, 1)
+    dones = torch.tensor([[0.0], [0.0], [1.0]])
+    adv, ret = gae(rewards, values, dones, torch.tensor([5.0]), gamma=0.5, lam=1.0)
+    np.testing.assert_allclose(adv[:, 0].numpy(), [0.25, 0.5, 1.0])  # the bootstrap is cut by done
+    scaler = RewardScaler(1, 0.99, clip=5.0)
+    out = [scaler(np.array([1.0]), np.array([False]))[0] for _ in range(50)]
+    assert all(abs(v) <= 5.0 for v in out)
+
+
+def test_dagger_filter_drops_unreliable_labels():
+    frame = {"flags": np.array([0.0, 0.0]), "pre_failure": False}
+    lost = {"flags": np.array([1.0, 0.0]), "pre_failure": False}
+    crash = {"flags": np.array([0.0, 1.0]), "pre_failure": False}
+    before_fail = {"flags": np.array([0.0, 0.0]), "pre_failure": True}
+    every = ["target_lost", "near_collision", "pre_failure"]
+    assert [dagger.keep(f, every) for f in (frame, lost, crash, before_fail)] == [True, False, False, False]
+    assert all(dagger.keep(f, []) for f in (frame, lost, crash, before_fail))  # no filter: keep all
+    assert dagger.keep(crash, ["target_lost"]) and not dagger.keep(lost, ["target_lost"])
+    with pytest.raises(ValueError, match="unknown"):
+        dagger.DAggerConfig(filter=["nope"])
+    # chunk labels: the clean labels of the next H visited steps, padded at the episode end
+    episode = dagger._with_chunks([{"label": np.full(6, i, np.float32), "obs": {}} for i in range(3)])
+    base = tiny_base()
+    for f in episode:
+        f["obs"] = {k: (v[0] if k != "task" else v[0]) for k, v in obs_batch(1).items()}
+    batch = dagger.make_batch(episode, base)
+    assert batch["action"].shape == (3, 6, 6)
+    assert batch["action_is_pad"][2].tolist() == [False] + [True] * 5
+    assert float(batch["action"][1, 0, 0]) == 1.0 and float(batch["action"][1, 1, 0]) == 2.0
+    assert torch.isfinite(base.losses(batch, {"action": 1.0})["total"])
+
+
+def test_rpd_bc_term_pulls_the_student_toward_the_teacher(tmp_path):
+    from robopolicy.refine import rpd
+
+    env = EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False, "max_steps": 20})
+    cfg = rpd.RPDConfig(env=env, total_env_steps=512, num_envs=1, num_steps=128, update_epochs=20, minibatches=2,
+                        actor_lr=3e-3, bc_weight=10.0, target_kl=10.0, eval_every=10_000, eval_episodes=1, eval_envs=1,
+                        out_dir=str(tmp_path / "rpd"), progress=False,
+                        student=ResidualConfig(inputs=["state", "environment_state"], hidden=[32], log_std=-2.0))
+    obs_space_dims = dict(state_dim=6, env_state_dim=15)
+    from sim_envs.arm import so101
+
+    low, high = so101.JOINT_LOW.astype(np.float32), so101.JOINT_HIGH.astype(np.float32)
+    teacher = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8]), low, high, state_dim=6)
+    with torch.no_grad():
+        teacher.actor[-1].bias.fill_(0.5)  # constant teacher: 0.5 in normalized units on every joint
+    summary = rpd.train(cfg, teacher=teacher, log=lambda s: None)
+    student = load_any_policy(summary["checkpoint"])
+    assert student.input_dims == {"state": obs_space_dims["state_dim"], "environment_state": obs_space_dims["env_state_dim"]}
+    x = torch.randn(64, sum(student.input_dims.values()))
+    with torch.no_grad():
+        mean = student.dist(student.norm(x * student.norm.var.sqrt() + student.norm.mean)).mean
+    # untrained student: mean 0 (zero last layer), 0.5 from the teacher; BC pulls it most of the way
+    assert (mean - 0.5).abs().mean() < 0.2
+    assert summary["size_ratio"] > 0 and summary["latency_ms"]["student"] > 0
+
+
+def test_bad_inputs_give_clear_errors(tmp_path):
+    from robopolicy.refine import residual_ppo
+
+    base = tiny_base(action_dim=2)
+    base_dir = base.save(tmp_path / "base2d")
+    cfg = residual_ppo.ResidualPPOConfig(env=EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False}),
+                                         base=str(base_dir))
+    with pytest.raises(PolicyError, match="2-D actions but the env takes 6-D"):
+        residual_ppo.build_policy(cfg)
+    with pytest.raises(PolicyError, match="need a base"):
+        ResidualPolicy(ResidualConfig(inputs=["state", "features"]), LOW, HIGH, state_dim=6)
+    with pytest.raises(ValueError, match="unknown"):
+        ResidualConfig(inputs=["pixels"])
+    # a residual checkpoint whose base was removed
+    ckpt = ResidualPolicy(ResidualConfig(), LOW, HIGH, base=tiny_base()).save(tmp_path / "res")
+    import shutil
+
+    shutil.rmtree(ckpt / BASE_DIR)
+    with pytest.raises(PolicyError, match="base policy is missing"):
+        load_any_policy(ckpt)
+
+
+def test_combined_checkpoint_round_trips_and_runs_in_eval(tmp_path):
+    policy = ResidualPolicy(ResidualConfig(execute_steps=3), LOW, HIGH, base=tiny_base())
+    torch.nn.init.normal_(policy.actor[-1].weight, std=0.1)
+    policy.norm.update(torch.randn(50, policy.norm.mean.shape[0]) * 3)
+    obs = obs_batch()
+    ref = [policy.predict(obs) for _ in range(4)]
+    ckpt = policy.save(tmp_path / "refined")
+    loaded = load_any_policy(ckpt)
+    assert isinstance(loaded, ResidualPolicy) and isinstance(load_any_policy(ckpt / BASE_DIR), Policy)
+    loaded.reset()
+    for r in ref:
+        torch.testing.assert_close(loaded.predict(obs), r)
+
+    from robopolicy.eval import EvalConfig, evaluate
+
+    report = evaluate(loaded, EvalConfig(env=EnvConfig("robopolicy/ArmReach-v0", {"max_steps": 8}), episodes=2,
+                                         workers=1, videos=0, progress=False), log=lambda s: None, save=False)
+    assert report.splits[0].env_steps == 16
+
+
+def test_worker_serves_a_saved_checkpoint_and_its_refined_form(tmp_path):
+    from robopolicy.deploy.worker import load_policy
+
+    base = tiny_base()
+    base.save(tmp_path / "plain")
+    with pytest.raises(ValueError, match="control rate"):  # no run config naming its dataset
+        load_policy(str(tmp_path / "plain"))
+    (tmp_path / "train_config.yaml").write_text(f"data: {{dataset: {tmp_path / 'ds'}}}\n")
+    (tmp_path / "ds" / "meta").mkdir(parents=True)
+    (tmp_path / "ds" / "meta" / "info.json").write_text('{"fps": 20}')
+    worker_policy = load_policy(str(tmp_path / "plain"))
+    assert worker_policy.kind == "action" and worker_policy.dt == pytest.approx(0.05)
+    obs = {k: (v[0] if k != "task" else v[0]) for k, v in obs_batch(1).items()}
+    chunk = worker_policy.predict(obs, 0.0)
+    with torch.inference_mode():
+        expected = base.predict(obs_batch(1))[0].numpy()
+    assert chunk.shape == (6, 6) and np.allclose(chunk, expected, atol=1e-5)
+    worker_policy.reset()
+    assert worker_policy.predict(obs, 0.05).shape == (6, 6)
