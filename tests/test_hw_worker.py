@@ -28,7 +28,7 @@ def _start(tmp_path, policy: str, driver=None):
     return node, drv, src
 
 
-def test_scripted_policies_and_checkpoint_hook(tmp_path):
+def test_scripted_policies_and_bad_checkpoints(tmp_path):
     obs = {"observation.state": np.zeros(6)}
     assert load_policy("hold").predict(obs, 0.0).shape == (20, 6)
     sine = load_policy("sine:amp=0.5,horizon=10")
@@ -39,8 +39,8 @@ def test_scripted_policies_and_checkpoint_hook(tmp_path):
     rp = load_policy(f"replay:{tmp_path / 'r.npz'},horizon=3")
     np.testing.assert_array_equal(rp.predict(obs, 5.0), [[0, 1], [2, 3], [4, 5]])
     np.testing.assert_array_equal(rp.predict(obs, 5.2)[0], [4, 5])
-    with pytest.raises(NotImplementedError, match="Policy"):
-        load_policy(str(tmp_path))  # a checkpoint directory: plugs in with issue 4's Policy
+    with pytest.raises(ValueError, match="config.yaml|checkpoint"):
+        load_policy(str(tmp_path))  # a directory that is no checkpoint (trained ones: tests/test_refine.py)
     with pytest.raises(ValueError):
         load_policy("oracle")
 
