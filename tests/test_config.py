@@ -85,7 +85,7 @@ def test_shipped_configs_load():
     from robopolicy.commands.sim import SimDemoConfig, SimViewConfig
 
     root = Path(__file__).resolve().parents[1] / "configs"
-    demo = load_config(SimDemoConfig, root / "sim" / "quickstart.yaml")
+    demo = load_config(SimDemoConfig, root / "sim" / "demo.yaml")
     assert len(demo.tasks) >= 4
     load_config(SimViewConfig, root / "sim" / "view.yaml")
     for f in sorted((root / "envs").glob("*.yaml")):

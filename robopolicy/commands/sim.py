@@ -2,7 +2,7 @@
 
     robopolicy sim list
     robopolicy sim view robopolicy/PersonFollow-v0 --split dt --video out.mp4
-    robopolicy sim demo --config configs/sim/quickstart.yaml
+    robopolicy sim demo --config configs/sim/demo.yaml
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_view)
 
     p = simsub.add_parser("demo", help="an oracle episode of every task in the config, to mp4, with metrics")
-    p.add_argument("--config", default=None, help="YAML config (SimDemoConfig), e.g. configs/sim/quickstart.yaml")
+    p.add_argument("--config", default=None, help="YAML config (SimDemoConfig), e.g. configs/sim/demo.yaml")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_demo)
 
