@@ -38,7 +38,7 @@ def test_sim_arm_follows_the_worker(tmp_path):
         start = driver.read()["observation.state"].copy()
         assert "observation.images.front" in driver.read() and driver.read()["observation.images.front"].shape == (96, 96, 3)
         node.start()
-        assert wait_for(lambda: node.scheduler.received >= 10, timeout=30)
+        assert wait_for(lambda: node.scheduler.received >= 10, timeout=60), (node.fault, node.source.stats())
         assert wait_for(lambda: np.abs(driver.read()["observation.state"][:5] - start[:5]).max() > 0.05)
         assert node.fault is None, node.fault
         t = time.monotonic()
