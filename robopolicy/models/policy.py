@@ -28,8 +28,6 @@ Training (see ``robopolicy.train``): ``losses(batch, weights)`` takes a loader b
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
@@ -45,6 +43,7 @@ from robopolicy.models.encoders import EncoderConfig, FusedVisionEncoder
 from robopolicy.models.heads import AlignHead, ChunkL1Head, FlowChunkHead, GroundingHead, WaypointHead
 from robopolicy.models.language import LanguageConfig, LanguageEncoder
 from robopolicy.models.temporal import ContextTokens, FeatureRingBuffer
+from robopolicy.utils.files import atomic_directory
 
 IMAGE_PREFIX = "observation.images."
 STATE = "observation.state"
@@ -438,20 +437,12 @@ class Policy(nn.Module):
         from safetensors.torch import save_file
 
         directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
         cfg = to_dict(self.config)
         state = {k: v.detach().cpu().contiguous().clone() for k, v in self.state_dict().items()}
-        save_file(state, str(tmp / WEIGHTS_FILE),
-                  metadata={"format": str(CHECKPOINT_FORMAT), "policy_config": json.dumps(cfg, sort_keys=True)})
-        (tmp / CONFIG_FILE).write_text(yaml.safe_dump({"format": CHECKPOINT_FORMAT, "policy": cfg}, sort_keys=False))
-        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-        if directory.exists():
-            os.rename(directory, old)
-        os.rename(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
+        with atomic_directory(directory) as tmp:
+            save_file(state, str(tmp / WEIGHTS_FILE),
+                      metadata={"format": str(CHECKPOINT_FORMAT), "policy_config": json.dumps(cfg, sort_keys=True)})
+            (tmp / CONFIG_FILE).write_text(yaml.safe_dump({"format": CHECKPOINT_FORMAT, "policy": cfg}, sort_keys=False))
         return directory
 
     @staticmethod

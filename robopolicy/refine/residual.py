@@ -23,8 +23,6 @@ or a compact RPD student): ``norm(a_base)`` is 0 and ``scale`` is 1.
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -35,6 +33,7 @@ from torch import nn
 
 from robopolicy.config import build, load_yaml, to_dict
 from robopolicy.models.policy import STATE, Policy, PolicyError
+from robopolicy.utils.files import atomic_directory
 
 RESIDUAL_CONFIG = "residual.yaml"
 RESIDUAL_WEIGHTS = "residual.safetensors"
@@ -264,26 +263,18 @@ class ResidualPolicy(nn.Module):
         from safetensors.torch import save_file
 
         directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
         state = {k: v.detach().cpu().contiguous().clone() for k, v in self.state_dict().items()
                  if not k.startswith("base.")}
-        save_file(state, str(tmp / RESIDUAL_WEIGHTS))
         meta = {"format": 1, "kind": "residual" if self.base is not None else "actor_critic",
                 "residual": to_dict(self.config), "base": BASE_DIR if self.base is not None else None,
                 "action_low": (self.action_loc - self.action_half).tolist(),
                 "action_high": (self.action_loc + self.action_half).tolist(),
                 "input_dims": self.input_dims}
-        (tmp / RESIDUAL_CONFIG).write_text(yaml.safe_dump(meta, sort_keys=False))
-        if self.base is not None:
-            self.base.save(tmp / BASE_DIR)
-        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-        if directory.exists():
-            os.rename(directory, old)
-        os.rename(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
+        with atomic_directory(directory) as tmp:
+            save_file(state, str(tmp / RESIDUAL_WEIGHTS))
+            (tmp / RESIDUAL_CONFIG).write_text(yaml.safe_dump(meta, sort_keys=False))
+            if self.base is not None:
+                self.base.save(tmp / BASE_DIR)
         return directory
 
     @classmethod
