@@ -37,6 +37,7 @@ def test_sim_arm_follows_the_worker(tmp_path):
     try:
         start = driver.read()["observation.state"].copy()
         assert "observation.images.front" in driver.read() and driver.read()["observation.images.front"].shape == (96, 96, 3)
+        assert driver.read()["task"] == driver.instruction != "" and set(driver.task_info()) == {"is_success", "task_distance"}
         node.start()
         assert wait_for(lambda: node.scheduler.received >= 10, timeout=60), (node.fault, node.source.stats())
         assert wait_for(lambda: np.abs(driver.read()["observation.state"][:5] - start[:5]).max() > 0.05)
@@ -79,3 +80,31 @@ def test_run_command_writes_a_timing_report(tmp_path, capsys):
     assert data["source"]["replies"] > 0 and "p99" in data["timing"]["lateness_us"]
     out = capsys.readouterr().out
     assert "[run]" in out and "p99 late" in out and "timing report" in out
+
+
+def test_sim_base_reports_finished_episodes():
+    from hardware.drivers.sim_base import SimBaseDriver
+
+    driver = SimBaseDriver(env_kwargs={"split": "stt", "max_steps": 3}, cameras=False)
+    driver.connect()
+    try:
+        assert driver.instruction and driver.read()["task"] == driver.instruction
+        assert wait_for(lambda: len(driver.task_info()["episodes"]) >= 3, timeout=10)
+        info = driver.task_info()
+        assert set(info) >= {"target_distance", "target_visible", "is_success", "episodes"}
+        assert not set(info) & {"task", "episodes_done", "recent_episodes"}
+        ep = info["episodes"][0]
+        assert 1 <= ep["steps"] <= 3 and isinstance(ep["tracking_rate"], float) and ep["instruction"]
+    finally:
+        driver.disconnect()
+
+    driver = SimBaseDriver(env_kwargs={"split": "stt", "max_steps": 2}, cameras=False, auto_reset=False)
+    driver.connect()
+    try:
+        driver.write(np.array([0.5, 0.0]))
+        assert wait_for(lambda: driver.task_info().get("episode_done", False), timeout=5)
+        assert wait_for(lambda: np.allclose(driver.read()["observation.state"], 0.0), timeout=2)  # stands still
+        time.sleep(0.3)
+        assert len(driver.episodes) == 1 and driver.task_info() == {"episode_done": True, "episodes": driver.episodes}
+    finally:
+        driver.disconnect()
