@@ -85,6 +85,27 @@ def test_two_encoders_fuse_on_channels_and_cache_key_tracks_weights(tmp_path):
         VisionEncoder(EncoderConfig(name="test_resnet", weights=str(tmp_path / "bad.safetensors")))
 
 
+def test_intermediate_stage_keeps_spatial_detail_and_loads_full_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    full = VisionEncoder(TINY, grid=2)
+    staged = VisionEncoder(EncoderConfig(name="test_resnet", image_size=64, stage=1), grid=4)
+    x = torch.randint(0, 255, (2, 3, 64, 64), dtype=torch.uint8)
+    y = staged(x)
+    assert y.shape == (2, 16, staged.out_dim)
+    assert staged.out_dim == staged.net.feature_info.channels()[-1] != full.out_dim
+    # the whole network's weights load into the truncated one (the later layers are ignored)
+    path = tmp_path / "full.safetensors"
+    save_file({k: v + 0.25 for k, v in full.net.state_dict().items() if v.dtype.is_floating_point}, str(path))
+    loaded = VisionEncoder(EncoderConfig(name="test_resnet", image_size=64, stage=1, weights=str(path)), grid=4)
+    for k, v in loaded.net.state_dict().items():
+        if v.dtype.is_floating_point:
+            assert torch.equal(v, full.net.state_dict()[k] + 0.25)
+    assert FusedVisionEncoder([loaded.cfg], grid=4).cache_key() != FusedVisionEncoder([TINY], grid=4).cache_key()
+    with pytest.raises(EncoderError, match="stage 9"):
+        VisionEncoder(EncoderConfig(name="test_resnet", stage=9))
+
+
 # ----------------------------------------------------------------------------- temporal
 
 

@@ -40,6 +40,11 @@ class EncoderConfig:
     """Frozen encoders run in eval mode without gradients, and their features can be cached."""
     image_size: int = 96
     """Frames are resized to this square size before the encoder (ViTs are built for it)."""
+    stage: int | None = None
+    """Read an intermediate feature map (timm ``features_only`` stage index, e.g. 2 for
+    ResNet layer2 at stride 8) instead of the last one. Earlier stages keep the spatial detail a
+    stride-32 map loses at 96 px (3 x 3) and cost a fraction of the full network; with random
+    weights they are also the more useful features (colour and edge filters). None: the last."""
 
 
 def _load_state_dict(path: str) -> dict[str, torch.Tensor]:
@@ -71,12 +76,19 @@ class VisionEncoder(nn.Module):
         self.cfg, self.grid = cfg, int(grid)
         kwargs = {"img_size": cfg.image_size} if cfg.name.startswith(("vit", "deit", "eva")) else {}
         try:
-            self.net = timm.create_model(cfg.name, pretrained=False, num_classes=0, global_pool="", **kwargs)
+            if cfg.stage is None:
+                self.net = timm.create_model(cfg.name, pretrained=False, num_classes=0, global_pool="", **kwargs)
+            else:
+                self.net = timm.create_model(cfg.name, pretrained=False, features_only=True,
+                                             out_indices=(int(cfg.stage),), **kwargs)
         except RuntimeError as exc:
             raise EncoderError(f"timm has no model {cfg.name!r} ({exc})") from None
+        except (IndexError, ValueError, AssertionError) as exc:
+            raise EncoderError(f"timm {cfg.name!r} has no feature stage {cfg.stage} ({exc})") from None
         if cfg.weights:
             state = _load_state_dict(cfg.weights)
-            missing, unexpected = self.net.load_state_dict(state, strict=False)
+            # strict=False: classifier weights, and with ``stage`` the unused later layers, are extra
+            missing, _ = self.net.load_state_dict(state, strict=False)
             missing = [k for k in missing if not k.startswith(("fc.", "head", "classifier"))]
             if missing:
                 raise EncoderError(f"{cfg.weights}: weights do not fit timm {cfg.name!r}: "
@@ -87,7 +99,10 @@ class VisionEncoder(nn.Module):
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
         self.num_prefix = int(getattr(self.net, "num_prefix_tokens", 0) or 0)
-        self.out_dim = int(self.net.num_features)
+        if cfg.stage is None:
+            self.out_dim = int(self.net.num_features)
+        else:
+            self.out_dim = int(self.net.feature_info.channels()[-1])
         if cfg.frozen:
             self.net.requires_grad_(False)
             self.net.eval()
@@ -106,7 +121,7 @@ class VisionEncoder(nn.Module):
             x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
         x = (x - self.mean) / self.std
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.cfg.frozen):
-            y = self.net.forward_features(x)
+            y = self.net.forward_features(x) if self.cfg.stage is None else self.net(x)[-1]
         if y.ndim == 3:  # ViT-like (N, prefix + P, C): patch tokens back onto their grid
             patches = y[:, self.num_prefix:]
             side = int(math.isqrt(patches.shape[1]))
@@ -145,7 +160,8 @@ class FusedVisionEncoder(nn.Module):
         for name, tensor in sorted(self.state_dict().items()):
             h.update(name.encode())
             h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        names = "+".join(f"{e.cfg.name}@{e.cfg.image_size}" for e in self.encoders)
+        names = "+".join(f"{e.cfg.name}@{e.cfg.image_size}" + (f"/s{e.cfg.stage}" if e.cfg.stage is not None else "")
+                         for e in self.encoders)
         return f"{names}|grid{self.grid}|{h.hexdigest()}"
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
