@@ -151,12 +151,17 @@ def _stage_one(env: Any, root: Path, features: dict, fps: int, seed: int, noise:
 
 
 def quiet_encoders() -> None:
-    """Keep per-episode encoder chatter (x264 stats, lerobot's bool-stats casts) off the console."""
+    """Keep per-episode encoder chatter (x264 / SVT-AV1 banners, the datasets library's "Map"
+    bars, lerobot's bool-stats casts) off the console; the collector prints its own progress."""
+    import os
     import warnings
 
     import av
+    import datasets
 
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 reads it when its first encoder opens: errors only
     av.logging.set_level(av.logging.ERROR)
+    datasets.disable_progress_bars()
     warnings.filterwarnings("ignore", message="Converting input from bool", category=RuntimeWarning)
 
 

@@ -430,6 +430,15 @@ def commit_staged(root: str | Path, staged: str | Path) -> int:
     return ep_index
 
 
+def _requiet_ffmpeg() -> None:
+    """lerobot's video encoder ends with ``av.logging.restore_default_callback()``, which hands
+    FFmpeg back its own stderr logger at info level: every later episode would print the
+    encoder's banner. Put PyAV's error-only logging back after each episode."""
+    import av
+
+    av.logging.set_level(av.logging.ERROR)
+
+
 @dataclass
 class RecoveryReport:
     """What :func:`recover` cleaned up."""
@@ -622,8 +631,11 @@ class StagedEpisode:
             buf[F.DONE][-1] = np.ones((1,), dtype=bool)
         success = self._last_success if success is None else bool(success)
         cadence = CadenceReport.from_lateness(np.asarray(self._wall), self.fps, self.late_after_s)
-        self._ds.save_episode()
+        # In-process encoding: lerobot's per-camera process pool forks per episode (costly with a
+        # loaded simulator, and the children print the encoders' banners whatever we set here).
+        self._ds.save_episode(parallel_encoding=False)
         self._ds.finalize()
+        _requiet_ffmpeg()
         columns = {
             F.EPISODE_SUCCESS: success,
             F.EPISODE_SEED: -1 if seed is None else int(seed),
