@@ -86,6 +86,9 @@ class PolicyWorkerSource:
         if self.command:
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL)
         self.client = PolicyClient(self.endpoint, self.key)
+        # A worker may outlive a session (started elsewhere, or serving several runs): every
+        # session starts from a fresh temporal context.
+        self.client.send(Message("reset", 0, time.monotonic()))
 
     def wants_observation(self, now: float) -> bool:
         if now < self._next_request:

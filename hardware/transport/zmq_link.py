@@ -79,7 +79,8 @@ class PolicyServer:
             return []
         latest: dict[bytes, Message] = {}
         others: list[tuple[bytes, Message]] = []
-        while True:
+        # Drain what is queued: EVENTS says whether a message waits (no zmq.Again exception per call).
+        while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:

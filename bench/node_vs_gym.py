@@ -1,0 +1,146 @@
+"""One arm checkpoint, the same seeds, two ways: the gymnasium evaluation vs the real-time node.
+
+Gym: ``robopolicy.eval.evaluate`` steps ``ArmPickPlace-v0`` (or any arm task) synchronously, one
+chunk step per env step. Node: the same scenes (env seed = episode seed) in ``SimArmDriver``,
+simulated in real time in its own process, driven by the ``ControlNode`` at 500 Hz from a policy
+worker process over the ZeroMQ link: chunks are latency-compensated, ensembled and interpolated
+exactly as on hardware. An episode succeeds when the task's success condition holds for
+``--hold`` seconds before ``max_steps * dt`` of wall time has passed.
+
+    python bench/node_vs_gym.py --checkpoint outputs/train/arm_chunk_l1/final \
+        --env robopolicy/ArmPickPlace-v0 --episodes 20
+
+The issue's goal: the node's success rate within 5 points of the gymnasium evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def gym_eval(args) -> list[bool]:
+    from robopolicy.envs import EnvConfig
+    from robopolicy.eval import EvalConfig
+    from robopolicy.eval.rollout import evaluate
+    from robopolicy.refine.residual import load_any_policy
+
+    policy = load_any_policy(args.checkpoint)
+    cfg = EvalConfig(checkpoint=args.checkpoint, env=EnvConfig(args.env), episodes=args.episodes,
+                     workers=args.workers, seed=args.seed, videos=0, threads=1, progress=True,
+                     out_dir=str(Path(args.out) / "gym"))
+    cfg.chunk.mode = args.chunk_mode
+    report = evaluate(policy, cfg)
+    return [bool(e.get("success")) for e in report.splits[0].episodes]
+
+
+def node_episode(args, seed: int, endpoint: str, max_s: float) -> dict:
+    from robopolicy.config import build, load_yaml
+    from robopolicy.deploy.run import RunConfig, build_node
+
+    robot = load_yaml(args.robot)
+    robot["driver"]["kwargs"].update({"env_id": args.env, "seed": seed})
+    robot["transport"] = {**robot.get("transport", {}), "endpoint": endpoint, "spawn_worker": False}
+    cfg = build(RunConfig, {"robot": robot, "policy": args.checkpoint, "status": False}, args.robot)
+    driver, node = build_node(cfg)
+    driver.connect()
+    t0 = time.monotonic()
+    held_since, success, fault = None, False, None
+    try:
+        node.start()
+        while time.monotonic() - t0 < max_s + args.startup_s:
+            time.sleep(0.01)
+            if node.fault is not None:
+                fault = f"{node.fault.kind}: {node.fault.reason}"
+                break
+            if not node._got_first_chunk:  # the clock starts with the first chunk (model warm-up)
+                t_first = time.monotonic()
+                continue
+            if time.monotonic() - t_first > max_s:
+                break
+            if driver.task_info().get("is_success"):
+                held_since = held_since or time.monotonic()
+                if time.monotonic() - held_since >= args.hold:
+                    success = True
+                    break
+            else:
+                held_since = None
+        timing = node.report()["timing"]
+    finally:
+        node.close()
+        driver.disconnect()
+    return {"seed": seed, "success": success, "fault": fault, "seconds": time.monotonic() - t0,
+            "p99_lateness_us": timing["lateness_us"]["p99"], "missed": timing["missed"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--env", default="robopolicy/ArmPickPlace-v0")
+    p.add_argument("--robot", default="configs/robots/sim_arm.yaml")
+    p.add_argument("--episodes", type=int, default=20)
+    p.add_argument("--seed", type=int, default=100_000)
+    p.add_argument("--workers", type=int, default=2, help="env workers of the gym evaluation")
+    p.add_argument("--chunk-mode", default="ensemble", choices=["chunk", "ensemble"],
+                   help="gym chunk execution (the node ensembles)")
+    p.add_argument("--hold", type=float, default=0.15, help="seconds the success condition must hold")
+    p.add_argument("--startup-s", type=float, default=60.0, help="allowance for the first chunk")
+    p.add_argument("--skip-gym", action="store_true")
+    p.add_argument("--out", default="outputs/bench/node_vs_gym")
+    args = p.parse_args()
+
+    import gymnasium
+
+    import sim_envs  # noqa: F401
+
+    from sim_envs.arm import so101
+
+    env = gymnasium.make(args.env, use_cameras=False)
+    max_s = float(env.unwrapped.max_episode_steps) * so101.CONTROL_DT  # the env's own time limit
+    env.close()
+
+    gym = None if args.skip_gym else gym_eval(args)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rp-e2e-") as wd:
+        endpoint = f"ipc://{wd}/policy.sock"
+        worker = subprocess.Popen([sys.executable, "-m", "robopolicy.deploy.worker", "--endpoint", endpoint,
+                                   "--policy", args.checkpoint, "--parent-pid", str(os.getpid())])
+        try:
+            for i in range(args.episodes):
+                row = node_episode(args, args.seed + i, endpoint, max_s)
+                rows.append(row)
+                print(f"[node] seed {row['seed']}: {'success' if row['success'] else 'fail'} "
+                      f"({row['seconds']:.1f}s, p99 late {row['p99_lateness_us']:.0f} us, missed {row['missed']}"
+                      f"{', fault ' + row['fault'] if row['fault'] else ''})", flush=True)
+        finally:
+            worker.terminate()
+            worker.wait(10)
+    node_sr = float(np.mean([r["success"] for r in rows]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"checkpoint": args.checkpoint, "env": args.env, "seeds": [args.seed, args.seed + args.episodes - 1],
+              "node": rows, "node_success": node_sr}
+    print(f"\n| path | episodes | success |\n|------|----------|---------|")
+    if gym is not None:
+        result["gym"] = gym
+        result["gym_success"] = float(np.mean(gym))
+        print(f"| gymnasium eval | {len(gym)} | {100 * np.mean(gym):.0f}% |")
+    print(f"| control node, real time | {len(rows)} | {100 * node_sr:.0f}% |")
+    if gym is not None:
+        print(f"difference: {100 * (node_sr - np.mean(gym)):+.0f} pts (goal: within 5)")
+    (out / "node_vs_gym.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
