@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 
 import numpy as np
@@ -268,6 +270,16 @@ def test_bad_checkpoints_give_clear_errors(tmp_path):
         Policy(tiny_config(), tiny_stats()).load_pretrained(tmp_path / "b")
     info = Policy(tiny_config(head="waypoints", action_shape=[8, 3]), tiny_stats((8, 3))).load_pretrained(tmp_path / "a")
     assert any(k.startswith("backbone.") for k in info["loaded"]) and any(k.startswith("head.") for k in info["new"])
+    # a stage may unfreeze (or freeze) the encoder it inherits: its weights come along
+    src = Policy.load(tmp_path / "a")
+    thawed = Policy(tiny_config(encoders=[dataclasses.replace(TINY, frozen=not TINY.frozen)]), tiny_stats())
+    info = thawed.load_pretrained(tmp_path / "a")
+    assert any(k.startswith("vision.") for k in info["loaded"])
+    name = next(k for k in info["loaded"] if k.startswith("vision.") and k.endswith("weight"))
+    assert torch.equal(thawed.state_dict()[name], src.state_dict()[name])
+    with pytest.raises(PolicyError, match="model.encoders"):
+        Policy(tiny_config(encoders=[dataclasses.replace(TINY, image_size=TINY.image_size * 2)]),
+               tiny_stats()).load_pretrained(tmp_path / "a")
 
 
 def test_language_embeddings_are_cached_per_instruction():

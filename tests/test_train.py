@@ -155,7 +155,7 @@ def test_training_on_frames_without_the_cache(dataset, caches, tmp_path):
     cfg = config(dataset, caches, tmp_path / "frames", "data.feature_cache=false", "steps=6", "model.horizon=4")
     result = train(cfg, log=lambda s: None)
     assert not result.used_feature_cache and np.isfinite(_losses(result.out)).all()
-    trainable = config(dataset, caches, tmp_path / "ft", "steps=3", "model.horizon=4",
+    trainable = config(dataset, caches, tmp_path / "ft", "steps=3", "model.horizon=4", "augment.shift=2",
                        "model.encoders=[{name: test_resnet, frozen: false, image_size: 64}]")
     before = Policy(model_config_for(trainable.model, build_dataset(trainable, progress=False)))
     result = train(trainable, log=lambda s: None)
@@ -164,6 +164,9 @@ def test_training_on_frames_without_the_cache(dataset, caches, tmp_path):
     changed = [k for k, v in after.vision.state_dict().items()
                if v.dtype.is_floating_point and not torch.equal(v, before.vision.state_dict()[k])]
     assert changed
+    logs: list[str] = []
+    train(config(dataset, caches, tmp_path / "cached", "steps=2", "model.horizon=4", "augment.shift=2"), log=logs.append)
+    assert any("augment.shift ignored" in line for line in logs)
 
 
 def test_resume_continues_from_the_newest_checkpoint(dataset, caches, tmp_path):

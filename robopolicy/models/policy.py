@@ -509,7 +509,7 @@ class Policy(nn.Module):
         (encoders, projections, backbone, shared heads); the normalizer stays this dataset's.
         Architecture keys (``ARCHITECTURE_KEYS``) must agree. Returns loaded / skipped names."""
         config, state, _ = self.read_checkpoint(directory)
-        src, dst = to_dict(config), to_dict(self.config)
+        src, dst = _architecture(to_dict(config)), _architecture(to_dict(self.config))
         diff = [f"model.{k}: {src[k]!r} in {directory}, {dst[k]!r} here"
                 for k in ARCHITECTURE_KEYS if src[k] != dst[k]]
         if diff:
@@ -527,6 +527,15 @@ class Policy(nn.Module):
         self.load_state_dict(loaded, strict=False)
         return {"loaded": sorted(loaded),
                 "new": sorted(k for k in own if k not in loaded and not k.startswith("normalizer."))}
+
+
+def _architecture(cfg: dict) -> dict:
+    """The architecture keys of a config dict. Whether an encoder is frozen, and the file its
+    initial weights came from, are not architecture: a stage may freeze (or unfreeze) the encoder
+    it inherits, whose weights come from the previous stage's checkpoint anyway."""
+    out = {k: cfg[k] for k in ARCHITECTURE_KEYS}
+    out["encoders"] = [{k: v for k, v in dict(e).items() if k not in ("frozen", "weights")} for e in cfg["encoders"]]
+    return out
 
 
 def _config_diff(a: Mapping, b: Mapping, prefix: str = "model.") -> list[str]:

@@ -95,6 +95,14 @@ class EmaConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """Augmentation of camera frames; only trainable encoders see it (frozen ones read cached features)."""
+
+    shift: int = 0
+    """Random shift of up to this many pixels per sample (pad by replication, crop back); 0: off."""
+
+
+@dataclass
 class LossWeights:
     """Weight of each loss; 0 switches it off (and its labels are not loaded)."""
 
@@ -114,6 +122,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: PolicyConfig = field(default_factory=PolicyConfig)
     loss: LossWeights = field(default_factory=LossWeights)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     init_from: str | None = None
     """A checkpoint (e.g. the previous stage's ``final``) to start from; matching tensors load."""
     steps: int = 1000
@@ -159,6 +168,15 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def shifted(batches, pad: int, seed: int):
+    """``batches`` with every frame batch randomly shifted (``robopolicy.train.augment``)."""
+    from robopolicy.train.augment import random_shift
+
+    g = torch.Generator().manual_seed(seed + 1)
+    for batch in batches:
+        yield random_shift(batch, pad, g)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -417,10 +435,14 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
         from robopolicy.train.data import CachedFeatureBatches
 
         batches = iter(CachedFeatureBatches(ds, feats, cfg.batch_size, seed=seed))
+        if cfg.augment.shift > 0:
+            log("[train] augment.shift ignored: frozen encoders train on cached features")
     else:
         from robopolicy.train.data import frame_batches
 
         batches = frame_batches(ds, cfg.batch_size, cfg.data.num_workers, seed=seed)
+        if cfg.augment.shift > 0:
+            batches = shifted(batches, cfg.augment.shift, seed)
 
     metrics = MetricsLog(out, resume=latest is not None, log=log)
 
