@@ -277,6 +277,10 @@ def test_bad_checkpoints_give_clear_errors(tmp_path):
     assert any(k.startswith("vision.") for k in info["loaded"])
     name = next(k for k in info["loaded"] if k.startswith("vision.") and k.endswith("weight"))
     assert torch.equal(thawed.state_dict()[name], src.state_dict()[name])
+    # ... and widen the temporal context: only the time embeddings start fresh
+    wide = Policy(tiny_config(context_strides=[0, 1, 4, 16]), tiny_stats())
+    info = wide.load_pretrained(tmp_path / "a")
+    assert "context.time" in info["new"] and "context.grid" in info["loaded"]
     with pytest.raises(PolicyError, match="model.encoders"):
         Policy(tiny_config(encoders=[dataclasses.replace(TINY, image_size=TINY.image_size * 2)]),
                tiny_stats()).load_pretrained(tmp_path / "a")

@@ -52,8 +52,10 @@ CONFIG_FILE = "config.yaml"
 CHECKPOINT_FORMAT = 1
 STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99")
 AUX_HEADS = ("align", "ground")
-# Config keys that decide the shapes of shared modules: a stage may change the rest.
-ARCHITECTURE_KEYS = ("encoders", "grid", "d_model", "n_heads", "n_layers", "cameras", "context_strides")
+# Config keys that decide the shapes of shared modules: a stage may change the rest. The context
+# strides are not among them: a stage may widen the temporal context (its time embeddings start
+# fresh), e.g. after the encoder was trained on single frames and is frozen from then on.
+ARCHITECTURE_KEYS = ("encoders", "grid", "d_model", "n_heads", "n_layers", "cameras")
 
 
 class PolicyError(ValueError):
@@ -517,10 +519,10 @@ class Policy(nn.Module):
         own = self.state_dict()
         loaded = {k: v for k, v in state.items()
                   if k in own and v.shape == own[k].shape and not k.startswith("normalizer.")}
-        # A stage may change the head (waypoints → chunk, another horizon) or the proprio size:
-        # those tensors start fresh. Anything else of another shape is a different model.
+        # A stage may change the head (waypoints → chunk, another horizon), the proprio size or
+        # the number of context frames: those tensors start fresh. Anything else of another shape is a different model.
         bad = [k for k, v in state.items() if k in own and v.shape != own[k].shape
-               and not k.startswith(("normalizer.", "head.", "aux.", "state_proj."))]
+               and not k.startswith(("normalizer.", "head.", "aux.", "state_proj.", "context.time"))]
         if bad:
             raise PolicyError(f"cannot start from {directory}: tensor {bad[0]} has shape {tuple(state[bad[0]].shape)} "
                               f"there, {tuple(own[bad[0]].shape)} here")
