@@ -520,7 +520,8 @@ class Policy(nn.Module):
         loaded = {k: v for k, v in state.items()
                   if k in own and v.shape == own[k].shape and not k.startswith("normalizer.")}
         # A stage may change the head (waypoints → chunk, another horizon), the proprio size or
-        # the number of context frames: those tensors start fresh. Anything else of another shape is a different model.
+        # the number of context frames: those tensors start fresh. Anything else of another
+        # shape is a different model.
         bad = [k for k, v in state.items() if k in own and v.shape != own[k].shape
                and not k.startswith(("normalizer.", "head.", "aux.", "state_proj.", "context.time"))]
         if bad:
