@@ -226,10 +226,13 @@ def evaluate_success(act: Callable[[dict], np.ndarray], reset_rows: Callable[[li
         envs.close()
     flat = [r for rs in results for r in rs]
     metrics = {}
-    for key in ("collision", "lost", "tracking_rate"):
-        vals = [r[key] for r in flat if key in r]
-        if vals:
-            metrics[key] = float(np.mean(vals))
+    if flat and all("following_steps" in r for r in flat):
+        # tracking episodes: rates and the pooled tracking rate as the task defines them
+        from sim_envs.person_follow.metrics import summarize_episodes
+
+        pooled = summarize_episodes(flat)
+        metrics = {"collision": pooled["collision_rate"], "lost": pooled["lost_rate"],
+                   "tracking_rate": pooled["tracking_rate"]}
     return EvalResult(float(np.mean([r["success"] for r in flat])), len(flat), steps, metrics)
 
 
