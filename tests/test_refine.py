@@ -12,7 +12,7 @@ from robopolicy.models.encoders import EncoderConfig
 from robopolicy.models.language import LanguageConfig
 from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
 from robopolicy.refine import dagger
-from robopolicy.refine.common import RewardScaler, gae, ppo_loss
+from robopolicy.refine.common import RewardScaler, gae, ppo_loss, tracking_metrics
 from robopolicy.refine.residual import BASE_DIR, ResidualConfig, ResidualPolicy, load_any_policy
 
 LOW, HIGH = -np.full(6, 20.0, np.float32), np.full(6, 20.0, np.float32)
@@ -205,3 +205,13 @@ def test_worker_serves_a_saved_checkpoint_and_its_refined_form(tmp_path):
     assert chunk.shape == (6, 6) and np.allclose(chunk, expected, atol=1e-5)
     worker_policy.reset()
     assert worker_policy.predict(obs, 0.05).shape == (6, 6)
+
+
+def test_tracking_metrics_pool_episodes_as_the_task_defines_them():
+    eps = [{"success": 1.0, "collision": 0.0, "lost": 0.0, "following_steps": 90.0, "steps": 100.0, "reference_steps": 100.0},
+           {"success": 0.0, "collision": 1.0, "lost": 0.0, "following_steps": 1.0, "steps": 10.0, "reference_steps": 10.0}]
+    m = tracking_metrics(eps)
+    # pooled: 91 following steps over 110 (a per-episode mean of 0.9 and 0.1 would say 0.5)
+    assert m == {"collision": 0.5, "lost": 0.0, "tracking_rate": 91 / 110}
+    assert tracking_metrics([{"success": 1.0, "steps": 40.0}]) == {}  # arm episodes carry none
+    assert tracking_metrics([]) == {}

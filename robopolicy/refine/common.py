@@ -19,6 +19,7 @@ import gymnasium
 import numpy as np
 
 from robopolicy.envs import EnvConfig, make_env
+from sim_envs.person_follow.metrics import summarize_episodes
 
 ENV_STATE = "observation.environment_state"
 """Privileged low-dimensional scene state (object and target positions) added by :class:`RefineEnv`."""
@@ -225,15 +226,16 @@ def evaluate_success(act: Callable[[dict], np.ndarray], reset_rows: Callable[[li
     finally:
         envs.close()
     flat = [r for rs in results for r in rs]
-    metrics = {}
-    if flat and all("following_steps" in r for r in flat):
-        # tracking episodes: rates and the pooled tracking rate as the task defines them
-        from sim_envs.person_follow.metrics import summarize_episodes
+    return EvalResult(float(np.mean([r["success"] for r in flat])), len(flat), steps, tracking_metrics(flat))
 
-        pooled = summarize_episodes(flat)
-        metrics = {"collision": pooled["collision_rate"], "lost": pooled["lost_rate"],
-                   "tracking_rate": pooled["tracking_rate"]}
-    return EvalResult(float(np.mean([r["success"] for r in flat])), len(flat), steps, metrics)
+
+def tracking_metrics(episodes: list[dict]) -> dict[str, float]:
+    """Collision / lost rates and the pooled tracking rate of tracking episodes, as the task
+    defines them (``sim_envs.person_follow.metrics``); empty for other tasks."""
+    if not episodes or not all("following_steps" in e for e in episodes):
+        return {}
+    pooled = summarize_episodes(episodes)
+    return {"collision": pooled["collision_rate"], "lost": pooled["lost_rate"], "tracking_rate": pooled["tracking_rate"]}
 
 
 def _episode_summary(final_info: dict, i: int) -> dict:
