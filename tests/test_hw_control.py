@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import numpy as np
@@ -143,6 +144,26 @@ def test_driver_hang_is_caught_by_the_watchdog(moving_node):
     assert node.status()["fault"].startswith("driver_hang")
     drv.release.set()
     drv.hang.clear()
+
+
+def test_a_process_stall_is_counted_not_a_driver_hang(moving_node):
+    """Another thread holding the GIL for 3x the driver timeout (as an OS preemption of the whole
+    process would) stops the loop and the watchdog alike: a stall, not a hang of the driver."""
+    import ctypes
+
+    node, drv, _ = moving_node
+    drv.read_delay = 0.75 * node.period  # most of each tick is spent inside the driver
+    time.sleep(0.05)
+    skipped = node.timer.skipped
+    hold_gil_us = int(node.cfg.driver_timeout * 3e6)
+    t = threading.Thread(target=lambda: ctypes.PyDLL(None).usleep(hold_gil_us))  # PyDLL keeps the GIL
+    t.start()
+    t.join()
+    writes = drv.writes
+    assert wait_for(lambda: drv.writes > writes + 20)
+    assert node.fault is None, node.fault
+    assert node.stalls >= 1 and node.report()["stalls"]["longest_ms"] > node.cfg.driver_timeout * 1e3
+    assert node.timer.skipped > skipped  # the deadlines it could not run are counted
 
 
 def test_nan_chunk_is_a_fault_not_a_command():

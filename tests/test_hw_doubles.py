@@ -22,6 +22,7 @@ class PointDriver:
         self.writes = 0
         self.fail_read = False
         self.hang = threading.Event()  # set → read() blocks until released
+        self.read_delay = 0.0  # a bus read that takes this long (releases the GIL, as I/O does)
         self.release = threading.Event()
 
     def connect(self):
@@ -35,6 +36,8 @@ class PointDriver:
             raise IOError("bus timeout (injected)")
         if self.hang.is_set():
             self.release.wait(5.0)
+        if self.read_delay:
+            time.sleep(self.read_delay)
         return {"observation.state": self.q.copy()}
 
     def write(self, command):

@@ -4,7 +4,10 @@ Each tick: read the driver → take chunks that arrived → take the due command
 scheduler → SafetyFilter → write the driver → send the observation to the source when it
 wants one → publish → record timing. Any fault (e-stop, driver error or hang, worker death,
 non-finite command, command timeout) commands the driver's safe stop in the same tick and
-latches until :meth:`reset`. A watchdog thread catches a tick stuck inside the driver.
+latches until :meth:`reset`. A watchdog thread catches a driver call (read/write) that does not
+return: it counts only the time it was awake to see, so a process that the OS (or another thread
+holding the GIL) did not run for a while is a *stall* (counted, and the overrun deadlines counted
+by the timer), not a driver hang.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class NodeConfig:
     rate_hz: float | None = None
     command_timeout: float | None = None
     startup_timeout: float = 120.0  # first chunk (model load) must arrive within this
-    driver_timeout: float = 0.05  # a tick stuck this long inside the driver is a hang
+    driver_timeout: float = 0.05  # a driver call seen stuck this long by the watchdog is a hang
     spin: float = 0.0003  # busy-wait this long before each deadline
     fifo: bool = True
     fifo_priority: int = 50
@@ -70,7 +73,9 @@ class ControlNode:
         self._stop_lock = threading.Lock()
         self._estop_request: tuple[str, float] | None = None
         self._running = threading.Event()
-        self._tick_start: float | None = None
+        self._in_driver: float | None = None  # when the driver call in progress began
+        self.stalls = 0  # times the watchdog itself was not run for > driver_timeout / 2
+        self.longest_stall = 0.0
         self._thread: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
         self._t_start = math.nan
@@ -166,16 +171,34 @@ class ControlNode:
             self.last_command = None if self.kind == "base" else start.copy()
 
     def _watch(self) -> None:
-        """Separate thread: a tick stuck inside the driver for driver_timeout is a hang."""
+        """Separate thread: a driver call seen stuck for driver_timeout is a hang.
+
+        Only time the watchdog was awake to observe counts: when its own sleep overshoots by more
+        than half the timeout, the whole process was not running (CPU contention, a thread holding
+        the GIL); that is a stall, and the stuck time restarts from the moment it is back.
+        """
         step = max(0.001, self.cfg.driver_timeout / 4)
         if self.cfg.fifo:  # must be able to run while the loop thread is stuck at FIFO priority
             setup_realtime(True, min(99, self.cfg.fifo_priority + 1), None)
+        last = time.monotonic()
+        seen_from = last  # start of the span the watchdog has observed without a gap
         while self._running.is_set():
             time.sleep(step)
-            started = self._tick_start
-            if started is not None and time.monotonic() - started > self.cfg.driver_timeout and not self.faults.tripped:
-                self._trip("driver_hang", f"tick stuck for > {self.cfg.driver_timeout * 1e3:.0f} ms inside the driver",
-                           started + self.cfg.driver_timeout)
+            now = time.monotonic()
+            gap = now - last - step
+            last = now
+            if gap > self.cfg.driver_timeout / 2:
+                self.stalls += 1
+                self.longest_stall = max(self.longest_stall, gap)
+                seen_from = now
+                continue
+            started = self._in_driver
+            if started is None or self.faults.tripped:
+                continue
+            stuck = now - max(started, seen_from)
+            if stuck > self.cfg.driver_timeout:
+                self._trip("driver_hang", f"a driver call stuck for > {self.cfg.driver_timeout * 1e3:.0f} ms",
+                           now - stuck + self.cfg.driver_timeout)
 
     def _loop(self) -> None:
         self.realtime = setup_realtime(self.cfg.fifo, self.cfg.fifo_priority, self.cfg.cpus)
@@ -194,18 +217,19 @@ class ControlNode:
                 deadline += missed * self.period
 
     def _tick(self, now: float) -> None:
-        self._tick_start = now
         try:
             self._tick_body(now)
         finally:
-            self._tick_start = None
+            self._in_driver = None
 
     def _tick_body(self, now: float) -> None:
         # 1. read
         obs = None
         try:
+            self._in_driver = now
             obs = self.driver.read()
             t_obs = time.monotonic()
+            self._in_driver = None
         except Exception as exc:
             self.driver_errors += 1
             if not self.faults.tripped:
@@ -262,7 +286,9 @@ class ControlNode:
                     safe = None
                 if safe is not None:
                     try:
+                        self._in_driver = time.monotonic()
                         sent = self.driver.write(safe)
+                        self._in_driver = None
                         self.last_command = np.asarray(sent, dtype=np.float64)
                     except Exception as exc:
                         self.driver_errors += 1
@@ -310,6 +336,7 @@ class ControlNode:
             },
             "safety_clamps": dict(self.safety.counts),
             "driver_errors": self.driver_errors,
+            "stalls": {"count": self.stalls, "longest_ms": self.longest_stall * 1e3},
             "source": self.source.stats() if self.source is not None else None,
             "faults": [f.as_dict() for f in self.faults.history],
             "active_fault": self.faults.active.as_dict() if self.faults.active else None,
