@@ -12,7 +12,7 @@ from robopolicy.models.encoders import EncoderConfig
 from robopolicy.models.language import LanguageConfig
 from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
 from robopolicy.refine import dagger
-from robopolicy.refine.common import RewardScaler, gae, ppo_loss, tracking_metrics
+from robopolicy.refine.common import RewardScaler, evaluate_success, gae, ppo_loss, tracking_metrics
 from robopolicy.refine.residual import BASE_DIR, ResidualConfig, ResidualPolicy, load_any_policy
 
 LOW, HIGH = -np.full(6, 20.0, np.float32), np.full(6, 20.0, np.float32)
@@ -215,3 +215,19 @@ def test_tracking_metrics_pool_episodes_as_the_task_defines_them():
     assert m == {"collision": 0.5, "lost": 0.0, "tracking_rate": 91 / 110}
     assert tracking_metrics([{"success": 1.0, "steps": 40.0}]) == {}  # arm episodes carry none
     assert tracking_metrics([]) == {}
+
+
+def test_evaluation_seeds_each_episode_as_robopolicy_eval_does():
+    """Episode e starts from seed + e whichever env runs it: 1 env and 2 envs measure the same
+    episodes, and a shifted seed measures other ones."""
+    env = EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False, "max_steps": 5})
+
+    def run(num_envs, seed):
+        hold = lambda obs: np.asarray(obs["observation.state"], np.float32)  # noqa: E731
+        res = evaluate_success(hold, lambda rows: None, env, episodes=3, num_envs=num_envs, seed=seed)
+        assert res.episodes == 3 and res.env_steps == 15
+        return [r["final_distance"] for r in res.records]
+
+    one = run(1, 7)
+    assert run(2, 7) == one
+    assert run(1, 8)[:2] == one[1:]

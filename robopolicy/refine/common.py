@@ -124,10 +124,11 @@ def make_refine_env(env: EnvConfig, reward: str = "sparse", privileged: bool = F
     return RefineEnv(inner, reward=reward, privileged=privileged, oracle=oracle)
 
 
-def make_vector_envs(env: EnvConfig, num_envs: int, **kwargs) -> gymnasium.vector.VectorEnv:
-    """``num_envs`` copies of :func:`make_refine_env` (spawned workers when > 1), same-step autoreset."""
+def make_vector_envs(env: EnvConfig, num_envs: int, autoreset: bool = True, **kwargs) -> gymnasium.vector.VectorEnv:
+    """``num_envs`` copies of :func:`make_refine_env` (spawned workers when > 1): same-step
+    autoreset, or none (``autoreset=False``: the caller resets finished envs, with their seeds)."""
     fns = [partial(make_refine_env, env, **kwargs) for _ in range(num_envs)]
-    mode = gymnasium.vector.AutoresetMode.SAME_STEP
+    mode = gymnasium.vector.AutoresetMode.SAME_STEP if autoreset else gymnasium.vector.AutoresetMode.DISABLED
     if num_envs == 1:
         return gymnasium.vector.SyncVectorEnv(fns, autoreset_mode=mode)
     return gymnasium.vector.AsyncVectorEnv(fns, context="spawn", shared_memory=False, autoreset_mode=mode)
@@ -198,35 +199,52 @@ class EvalResult:
     episodes: int
     env_steps: int
     metrics: dict[str, float] = field(default_factory=dict)
+    records: list[dict] = field(default_factory=list)
+    """Per-episode summaries, in episode (seed) order."""
 
 
 def evaluate_success(act: Callable[[dict], np.ndarray], reset_rows: Callable[[list[int]], None], env: EnvConfig,
                      episodes: int, num_envs: int, seed: int, **env_kwargs) -> EvalResult:
-    """Run ``episodes`` episodes (each env runs its share, seeds fixed: ``seed + env index``, then
-    the env's own seeded sequence), with ``act(obs) -> (N, A)`` env actions; same seeds for every
-    policy, and every started episode is counted (no bias toward short ones)."""
+    """Run ``episodes`` episodes with ``act(obs) -> (N, A)`` env actions; episode ``e`` starts from
+    seed ``seed + e`` whichever env runs it, as ``robopolicy eval`` seeds them, so refinement
+    curves and evaluation reports measure the same episodes. Every started episode is counted."""
     num_envs = max(1, min(num_envs, episodes))
-    quota = [episodes // num_envs + (1 if i < episodes % num_envs else 0) for i in range(num_envs)]
-    envs = make_vector_envs(env, num_envs, **env_kwargs)
-    results: list[list[dict]] = [[] for _ in range(num_envs)]
+    envs = make_vector_envs(env, num_envs, autoreset=False, **env_kwargs)
+    results: list[dict | None] = [None] * episodes
+    row_episode = np.full(num_envs, -1)
+    next_episode = 0
     steps = 0
+
+    def start(rows: list[int]) -> dict:
+        nonlocal next_episode
+        mask = np.zeros(num_envs, dtype=bool)
+        seeds: list[int | None] = [None] * num_envs
+        for r in rows:
+            mask[r] = True
+            if next_episode < episodes:
+                row_episode[r], seeds[r] = next_episode, seed + next_episode
+                next_episode += 1
+            else:  # nothing left to run: restart the env anyway (stepping a finished one is invalid)
+                row_episode[r], seeds[r] = -1, seed + episodes + r
+        obs, _ = envs.reset(seed=seeds, options={"reset_mask": mask})
+        reset_rows(rows)
+        return obs
+
     try:
-        obs, _ = envs.reset(seed=[seed + i for i in range(num_envs)])
-        reset_rows(list(range(num_envs)))
-        while any(len(results[i]) < quota[i] for i in range(num_envs)):
+        obs = start(list(range(num_envs)))
+        while (row_episode >= 0).any():
             obs, _r, term, trunc, info = envs.step(act(obs))
-            steps += sum(len(results[i]) < quota[i] for i in range(num_envs))
-            done = np.logical_or(term, trunc)
-            if done.any():
-                final = info.get("final_info", {})
-                for i in np.flatnonzero(done):
-                    if len(results[i]) < quota[i]:
-                        results[i].append(_episode_summary(final, i))
-                reset_rows([int(i) for i in np.flatnonzero(done)])
+            steps += int((row_episode >= 0).sum())
+            done = np.flatnonzero(np.logical_or(term, trunc))
+            if len(done):
+                for i in done:
+                    if row_episode[i] >= 0:
+                        results[row_episode[i]] = _episode_summary(info, int(i))
+                obs = start([int(i) for i in done])
     finally:
         envs.close()
-    flat = [r for rs in results for r in rs]
-    return EvalResult(float(np.mean([r["success"] for r in flat])), len(flat), steps, tracking_metrics(flat))
+    flat = [r for r in results if r is not None]
+    return EvalResult(float(np.mean([r["success"] for r in flat])), len(flat), steps, tracking_metrics(flat), flat)
 
 
 def tracking_metrics(episodes: list[dict]) -> dict[str, float]:
@@ -239,7 +257,7 @@ def tracking_metrics(episodes: list[dict]) -> dict[str, float]:
 
 
 def _episode_summary(final_info: dict, i: int) -> dict:
-    """Episode ``i``'s summary from a vector env's ``final_info`` (a dict of per-env arrays)."""
+    """Env ``i``'s episode summary from a vector env's last-step info (a dict of per-env arrays)."""
     out = {"success": bool(np.asarray(final_info.get("is_success", np.zeros(i + 1)))[i])}
     em = final_info.get("episode_metrics")
     if isinstance(em, dict):
