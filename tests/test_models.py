@@ -207,6 +207,37 @@ def test_predict_shapes_units_and_context():
     assert wp.predict(obs_batch()).shape == (2, 8, 3) and wp.output == "waypoints" and wp.horizon == 8
 
 
+def test_relative_actions_are_offsets_from_the_state():
+    torch.manual_seed(0)
+    rel = Policy(tiny_config(relative_action=[0], context_strides=[0]), tiny_stats())
+    absolute = Policy(tiny_config(context_strides=[0]), tiny_stats())
+    absolute.load_state_dict(rel.state_dict())
+    # predict adds the state back to dim 0 only: with the state token silenced, moving the state
+    # by d moves dim 0 of every chunk step by d[0] and leaves dim 1 alone
+    rel.state_proj.weight.data.zero_()
+    rel.state_proj.bias.data.zero_()
+    obs = obs_batch()
+    base = rel.predict(obs)
+    moved = dict(obs, **{"observation.state": obs["observation.state"] + np.float32([0.7, -3.0, 2.0])})
+    out = rel.predict(moved)
+    assert torch.allclose(out[..., 0], base[..., 0] + 0.7, atol=1e-5)
+    assert torch.allclose(out[..., 1], base[..., 1], atol=1e-5)
+    # training: the relative policy's loss on env-unit targets is the absolute one's on offsets
+    batch = {"observation.images.front": torch.from_numpy(obs["observation.images.front"]).permute(0, 3, 1, 2)[:, None],
+             "observation.state": torch.from_numpy(obs["observation.state"])[:, None],
+             "action": torch.randn(2, 5, 2) * 2 + 5, "task": obs["task"]}
+    offsets = dict(batch, action=batch["action"].clone())
+    offsets["action"][..., 0] -= batch["observation.state"][:, 0, None, 0]
+    absolute.load_state_dict(rel.state_dict())
+    l_rel = rel.losses(batch, {"action": 1.0})["action"]
+    assert torch.allclose(l_rel, absolute.losses(offsets, {"action": 1.0})["action"])
+    assert not torch.allclose(l_rel, absolute.losses(batch, {"action": 1.0})["action"])
+    with pytest.raises(PolicyError, match="use_state"):
+        Policy(tiny_config(relative_action=[0], use_state=False, state_dim=0), tiny_stats())
+    with pytest.raises(PolicyError, match="relative_action"):
+        Policy(tiny_config(relative_action=[2]), tiny_stats())  # the action has 2 dims
+
+
 def test_predict_errors_name_the_missing_feature():
     pol = Policy(tiny_config(), tiny_stats())
     obs = obs_batch()

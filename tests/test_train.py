@@ -151,6 +151,24 @@ def test_chunk_heads_learn(dataset, caches, tmp_path, head):
     assert chunk.shape == (2, 4, 2) and torch.isfinite(chunk).all()
 
 
+def test_relative_action_policy_carries_offset_statistics(dataset, caches, tmp_path):
+    cfg = config(dataset, caches, tmp_path / "rel", "model.relative_action=[0]", "model.horizon=4", "steps=4")
+    result = train(cfg, log=lambda s: None)
+    stats = Policy.load(result.final).stats()["action"]
+    ds = build_dataset(cfg, progress=False)
+    offsets, absolute = [], []
+    for i in range(len(ds)):
+        item = ds[i]
+        keep = ~item["action_is_pad"].numpy()
+        offsets.append(item["action"].numpy()[keep, 0] - item["observation.state"].numpy()[0, 0])
+        absolute.append(item["action"].numpy()[keep, 1])
+    offsets = np.concatenate(offsets)
+    np.testing.assert_allclose(stats["mean"][0], offsets.mean(), atol=1e-5)
+    np.testing.assert_allclose(stats["std"][0], offsets.std(), rtol=1e-4)
+    np.testing.assert_allclose(stats["mean"][1], ds.stats["action"]["mean"][1], atol=1e-6)  # dim 1 stays absolute
+    assert abs(stats["mean"][0] - ds.stats["action"]["mean"][0]) > 0.1
+
+
 def test_training_on_frames_without_the_cache(dataset, caches, tmp_path):
     cfg = config(dataset, caches, tmp_path / "frames", "data.feature_cache=false", "steps=6", "model.horizon=4")
     result = train(cfg, log=lambda s: None)

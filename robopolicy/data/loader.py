@@ -180,6 +180,34 @@ class TrainingDataset(torch.utils.data.Dataset):
         out.update({k: raw[k] for k in self.labels if k in raw and k not in BOOKKEEPING_KEYS})
         return out
 
+    def relative_action_stats(self, dims: Sequence[int], max_samples: int = 200_000,
+                              seed: int = 0) -> dict[str, np.ndarray]:
+        """Action statistics with ``dims`` replaced by those of the offsets ``action[t + k] -
+        state[t]`` over the chunk steps ``k < horizon`` inside the episode (what a policy with
+        ``relative_action`` learns); at most ``max_samples`` frames t, drawn at random."""
+        if self._state is None:
+            raise DatasetError("relative actions need a state feature (data.features.state)")
+        dims = [int(d) for d in dims]
+        base = {k: np.asarray(v, dtype=np.float32).copy() for k, v in self.stats["action"].items()}
+        if not dims:
+            return base
+        idx = np.arange(len(self._rows))
+        if len(idx) > max_samples:
+            idx = np.random.default_rng(seed).choice(idx, max_samples, replace=False)
+        rows, ends = self._rows[idx], self._end[idx]
+        future = rows[:, None] + self._future[None]  # (N, H)
+        valid = future < ends[:, None]
+        offsets = self._action[np.minimum(future, ends[:, None] - 1)][..., dims] - self._state[rows][:, None, dims]
+        values = offsets[valid].astype(np.float64)  # (M, len(dims))
+        for name, value in (("mean", values.mean(0)), ("std", values.std(0)), ("min", values.min(0)),
+                            ("max", values.max(0)), ("q01", np.quantile(values, 0.01, axis=0)),
+                            ("q99", np.quantile(values, 0.99, axis=0))):
+            if name in base:
+                base[name][dims] = value
+        if "count" in base:
+            base["count"] = np.asarray(len(values))
+        return base
+
     @property
     def fps(self) -> int:
         return self.cache.fps

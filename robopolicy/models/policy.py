@@ -74,6 +74,13 @@ class PolicyConfig:
     """Camera roles (``observation.images.<role>``); empty: every camera of the training dataset."""
     use_state: bool = True
     """Feed ``observation.state`` as a proprio token."""
+    relative_action: list[int] = field(default_factory=list)
+    """Chunk dims predicted as offsets from the same-index state value at the current frame, e.g.
+    ``[0, 1, 2, 3, 4]``: arm joint targets relative to the joint angles now (the gripper, dim 5,
+    stays absolute). The chunk then says where to move from here, not where the joints must be,
+    which images show more directly (a wrist camera sees the offset to the object). Needs
+    ``use_state``; ``predict`` adds the state back, so outputs stay in env units. The action
+    statistics of these dims are those of the offsets (the trainer computes them)."""
     encoders: list[EncoderConfig] = field(default_factory=lambda: [EncoderConfig()])
     """One or two vision backbones, fused on a shared grid."""
     grid: int = 3
@@ -203,6 +210,16 @@ class Policy(nn.Module):
             raise PolicyError(f"chunk heads need a flat action (A,), got shape {cfg.action_shape}")
         if cfg.use_state and cfg.state_dim < 1:
             raise PolicyError("model.use_state is true but the dataset has no state (data.features.state)")
+        if cfg.relative_action:
+            rel = list(cfg.relative_action)
+            if cfg.head == "waypoints":
+                raise PolicyError("model.relative_action is for chunk heads (waypoints are robot-frame already)")
+            if not cfg.use_state:
+                raise PolicyError("model.relative_action needs model.use_state: true (offsets are from the state)")
+            limit = min(cfg.action_shape[0], cfg.state_dim) if cfg.action_shape else cfg.state_dim
+            if len(set(rel)) != len(rel) or any(not 0 <= i < limit for i in rel):
+                raise PolicyError(f"model.relative_action {rel}: dims must be distinct and below {limit} "
+                                  f"(action {cfg.action_shape}, state {cfg.state_dim} values)")
         d = cfg.d_model
         self.vision = FusedVisionEncoder(list(cfg.encoders), cfg.grid)
         n_tok = cfg.grid * cfg.grid
@@ -324,6 +341,7 @@ class Policy(nn.Module):
                 target, act_pad = target[:, 0], None  # (B, 1, K, 3): the K waypoints at t
             else:
                 act_pad = batch.get("action_is_pad")
+                target = self.to_relative(target, state)
             out["action"] = self.head.loss(memory, pad, self.normalizer.normalize("action", target), act_pad)
         if "ground_box" in w or "ground_visible" in w:
             if "ground" not in self.aux:
@@ -430,7 +448,27 @@ class Policy(nn.Module):
                 out = self.head(memory, mpad, steps=flow_steps)
             else:
                 out = self.head(memory, mpad)
-            return self.normalizer.unnormalize("action", out).float().cpu()
+            return self.from_relative(self.normalizer.unnormalize("action", out).float(), state).cpu()
+
+    def to_relative(self, chunk: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+        """Env-unit chunk ``(B, H, A)`` → the head's targets: ``relative_action`` dims minus the state now."""
+        dims = list(self.config.relative_action)
+        if not dims:
+            return chunk
+        if state is None:
+            raise PolicyError(f"model.relative_action needs {STATE!r} in the batch")
+        out = chunk.clone()
+        out[..., dims] = chunk[..., dims] - state[:, None, dims].to(chunk.dtype)
+        return out
+
+    def from_relative(self, chunk: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+        """Inverse of :meth:`to_relative`: head output (unnormalized) → env units."""
+        dims = list(self.config.relative_action)
+        if not dims:
+            return chunk
+        out = chunk.clone()
+        out[..., dims] = chunk[..., dims] + state[:, None, dims].to(chunk.dtype)
+        return out
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path) -> Path:

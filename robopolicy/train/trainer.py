@@ -226,6 +226,15 @@ def model_config_for(cfg: PolicyConfig, ds: TrainingDataset) -> PolicyConfig:
                                frame_size=[h, w])
 
 
+def policy_stats(cfg: PolicyConfig, ds: TrainingDataset) -> dict[str, dict[str, np.ndarray]]:
+    """The statistics a new policy carries: the dataset's, with relative action dims' replaced by
+    those of the offsets from the state (``model.relative_action``)."""
+    stats = dict(ds.stats)
+    if cfg.relative_action:
+        stats["action"] = ds.relative_action_stats(cfg.relative_action)
+    return stats
+
+
 def param_groups(policy: Policy, cfg: OptimConfig) -> list[dict]:
     """AdamW groups: decayed matrices, undecayed norms/biases/embeddings, slower trainable encoders."""
     groups = {"decay": [], "no_decay": [], "encoder": []}
@@ -378,7 +387,7 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
 
     ds = build_dataset(cfg, progress=cfg.progress)
     model_cfg = model_config_for(cfg.model, ds)
-    policy = Policy(model_cfg, ds.stats).to(device)
+    policy = Policy(model_cfg, policy_stats(model_cfg, ds)).to(device)
     if cfg.init_from and latest is None:
         info = policy.load_pretrained(cfg.init_from)
         fresh = sorted({".".join(k.split(".")[:2]) for k in info["new"]})
