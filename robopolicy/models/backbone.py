@@ -9,8 +9,9 @@ from torch import nn
 class FusionTransformer(nn.Module):
     """Pre-norm transformer encoder over ``[vision tokens, language token, proprio token]``.
 
-    ``forward(vision (B, Nv, d), language (B, 1, d) | None, proprio (B, 1, d) | None,
-    vision_pad (B, Nv) bool | None)`` → memory ``(B, N, d)`` and its key padding mask ``(B, N)``.
+    ``forward(vision (B, Nv, d), language (B, L, d) | None, proprio (B, 1, d) | None,
+    vision_pad (B, Nv) bool | None, language_pad (B, L) bool | None)`` → memory ``(B, N, d)`` and
+    its key padding mask ``(B, N)`` (L = 1 for a pooled instruction, more for its tokens).
     Each modality gets a learned type embedding so the tokens stay distinguishable.
     """
 
@@ -24,14 +25,16 @@ class FusionTransformer(nn.Module):
         self.type_embed = nn.Parameter(torch.randn(3, d_model) * 0.02)  # vision, language, proprio
 
     def forward(self, vision: torch.Tensor, language: torch.Tensor | None = None,
-                proprio: torch.Tensor | None = None, vision_pad: torch.Tensor | None = None):
+                proprio: torch.Tensor | None = None, vision_pad: torch.Tensor | None = None,
+                language_pad: torch.Tensor | None = None):
         parts, pads = [vision + self.type_embed[0]], []
         b = vision.shape[0]
         pads.append(vision_pad if vision_pad is not None else vision.new_zeros(b, vision.shape[1], dtype=torch.bool))
-        for i, tok in ((1, language), (2, proprio)):
+        for i, tok, tok_pad in ((1, language, language_pad), (2, proprio, None)):
             if tok is not None:
                 parts.append(tok + self.type_embed[i])
-                pads.append(tok.new_zeros(b, tok.shape[1], dtype=torch.bool))
+                pads.append(tok_pad.to(tok.device) if tok_pad is not None
+                            else tok.new_zeros(b, tok.shape[1], dtype=torch.bool))
         x = torch.cat(parts, dim=1)
         pad = torch.cat(pads, dim=1)
         # A padded context frame repeats the first frame: masking it keeps the memory honest.

