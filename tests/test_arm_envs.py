@@ -227,6 +227,8 @@ def test_success_is_judged_on_the_named_cube_and_bowl():
     obs, info = env.reset(seed=11)
     k, b = info["goal_cube"], info["goal_target"]
     assert obs["task"] == f"put the {info['cube_colors'][k]} cube in the {info['target_colors'][b]} bowl"
+    # the privileged label of the named objects (auxiliary losses): goal cube xyz, goal bowl xyz
+    np.testing.assert_allclose(info["goal_pos"], np.concatenate([info["cube_pos"][k], info["target_pos"][b]]), atol=1e-6)
     hold = obs["observation.state"].copy()  # keep the arm still, gripper open
     wrong_cube = (k + 1) % env.num_cubes
     wrong_bowl = (b + 1) % env.num_targets

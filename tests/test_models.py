@@ -351,3 +351,29 @@ def test_instruction_tokens_keep_roles_apart_and_feed_the_policy():
     assert a.shape == (2, 5, 2) and not torch.allclose(a[0], b[0])
     short = dict(obs, task=["reach", texts[0]])  # rows of different token counts (padding masked)
     assert torch.isfinite(pol.predict(short)).all()
+
+
+def test_locate_head_learns_where_the_named_objects_are(one_thread):
+    """The auxiliary locate loss regresses label.goal_pos (standardized by its statistics)."""
+    torch.manual_seed(0)
+    stats = tiny_stats()
+    stats["label.goal_pos"] = {"mean": np.full(6, 0.2, np.float32), "std": np.full(6, 0.1, np.float32)}
+    pol = Policy(tiny_config(aux_heads=["locate"], context_strides=[0]), stats)
+    obs = obs_batch(b=8, seed=1)
+    imgs = torch.from_numpy(obs["observation.images.front"]).permute(0, 3, 1, 2)[:, None]
+    goal = torch.from_numpy(obs["observation.state"][:, :1]).repeat(1, 6) * 0.1 + 0.2  # a function of the input
+    batch = {"observation.images.front": imgs, "observation.state": torch.from_numpy(obs["observation.state"])[:, None],
+             "label.goal_pos": goal, "task": obs["task"]}
+    opt = torch.optim.Adam(pol.parameters(), lr=3e-3)
+    first = None
+    for _ in range(60):
+        loss = pol.losses(batch, {"locate": 1.0})["locate"]
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.3 * first
+    with pytest.raises(PolicyError, match="label.goal_pos"):
+        Policy(tiny_config(aux_heads=["locate"]), tiny_stats())  # no statistics for the label
+    with pytest.raises(PolicyError, match="label.goal_pos"):
+        pol.losses({k: v for k, v in batch.items() if k != "label.goal_pos"}, {"locate": 1.0})

@@ -156,6 +156,32 @@ class GroundingHead(nn.Module):
                 "visible": F.binary_cross_entropy_with_logits(logit, vis)}
 
 
+class LocateHead(nn.Module):
+    """Where the instructed objects are (privileged labels, auxiliary): ``(B, N, d)`` → ``(B, D)``.
+
+    The target (e.g. ``label.goal_pos``: the named cube's and bowl's xyz) is standardized by the
+    dataset statistics the head keeps as buffers; the loss is a smooth L1 in those units. To
+    answer, the query must find the object the instruction names in the image tokens, which puts
+    a dense, direct signal on the grounding that the action loss only teaches indirectly.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dim: int, mean=None, std=None, dropout: float = 0.1):
+        super().__init__()
+        self.decoder = QueryDecoder(1, d_model, n_heads, 1, dropout)
+        self.out = nn.Linear(d_model, dim)
+        self.register_buffer("mean", torch.zeros(dim) if mean is None else torch.as_tensor(mean, dtype=torch.float32).reshape(dim))
+        std = torch.ones(dim) if std is None else torch.as_tensor(std, dtype=torch.float32).reshape(dim)
+        self.register_buffer("std", torch.where(std < 1e-4, torch.ones_like(std), std))
+
+    def forward(self, memory, memory_pad=None) -> torch.Tensor:
+        """Predicted labels ``(B, D)`` in label units."""
+        return self.out(self.decoder(memory, memory_pad)[:, 0]) * self.std + self.mean
+
+    def loss(self, memory, memory_pad, target: torch.Tensor) -> torch.Tensor:
+        z = self.out(self.decoder(memory, memory_pad)[:, 0])
+        return F.smooth_l1_loss(z, (target.float() - self.mean) / self.std)
+
+
 class AlignHead(nn.Module):
     """Shared embedding space for region features ``(B, d)`` and instruction embeddings ``(B, d)``."""
 

@@ -40,7 +40,7 @@ from torch import nn
 from robopolicy.config import ConfigError, build, load_yaml, to_dict
 from robopolicy.models.backbone import FusionTransformer
 from robopolicy.models.encoders import EncoderConfig, FusedVisionEncoder
-from robopolicy.models.heads import AlignHead, ChunkL1Head, FlowChunkHead, GroundingHead, WaypointHead
+from robopolicy.models.heads import AlignHead, ChunkL1Head, FlowChunkHead, GroundingHead, LocateHead, WaypointHead
 from robopolicy.models.language import LanguageConfig, LanguageEncoder
 from robopolicy.models.temporal import ContextTokens, FeatureRingBuffer
 from robopolicy.utils.files import atomic_directory
@@ -51,7 +51,8 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FORMAT = 1
 STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99")
-AUX_HEADS = ("align", "ground")
+AUX_HEADS = ("align", "ground", "locate")
+LOCATE_LABEL = "label.goal_pos"
 # Config keys that decide the shapes of shared modules: a stage may change the rest. The context
 # strides are not among them: a stage may widen the temporal context (its time embeddings start
 # fresh), e.g. after the encoder was trained on single frames and is frozen from then on.
@@ -69,7 +70,10 @@ class PolicyConfig:
     head: Literal["waypoints", "chunk_l1", "chunk_flow"] = "chunk_l1"
     """Output head: K waypoints (tracking), or an action chunk by L1 or flow matching."""
     aux_heads: list[str] = field(default_factory=list)
-    """Training-only heads: ``align`` (stage 1 contrastive), ``ground`` (stage 2 grounding)."""
+    """Training-only heads: ``align`` (stage 1 contrastive), ``ground`` (stage 2 grounding),
+    ``locate`` (regress the privileged ``label.goal_pos``: where the named objects are)."""
+    locate_dim: int = 6
+    """Size of the ``locate`` head's label (``label.goal_pos``: 6)."""
     cameras: list[str] = field(default_factory=list)
     """Camera roles (``observation.images.<role>``); empty: every camera of the training dataset."""
     use_state: bool = True
@@ -245,6 +249,14 @@ class Policy(nn.Module):
             self.aux["align"] = AlignHead(d)
         if "ground" in cfg.aux_heads:
             self.aux["ground"] = GroundingHead(d, cfg.n_heads, cfg.dropout)
+        if "locate" in cfg.aux_heads:
+            label_stats = (stats or {}).get(LOCATE_LABEL)
+            if stats is not None and label_stats is None:
+                raise PolicyError(f"aux head 'locate' needs statistics of {LOCATE_LABEL!r}: add it to "
+                                  f"data.features.labels (arm datasets collected with it carry it)")
+            self.aux["locate"] = LocateHead(d, cfg.n_heads, cfg.locate_dim,
+                                            None if label_stats is None else label_stats["mean"],
+                                            None if label_stats is None else label_stats["std"], cfg.dropout)
         self.normalizer = Normalizer(tuple(cfg.action_shape), cfg.state_dim if cfg.use_state else 0,
                                      cfg.normalization, stats)
         self._t0 = list(cfg.context_strides).index(0)
@@ -338,7 +350,7 @@ class Policy(nn.Module):
         tasks = list(batch["task"]) if "task" in batch else None
         out: dict[str, torch.Tensor] = {}
         w = {k: float(v) for k, v in weights.items() if float(v) != 0.0}
-        need_memory = any(k in w for k in ("action", "ground_box", "ground_visible"))
+        need_memory = any(k in w for k in ("action", "ground_box", "ground_visible", "locate"))
         if need_memory:
             memory, pad, _ = self._memory(feats, ctx_pad, state, tasks)
         if "action" in w:
@@ -355,6 +367,13 @@ class Policy(nn.Module):
             box, visible = self._box_labels(batch)
             g = self.aux["ground"].loss(memory, pad, box, visible)
             out["ground_box"], out["ground_visible"] = g["box"], g["visible"]
+        if "locate" in w:
+            if "locate" not in self.aux:
+                raise PolicyError("locate loss needs model.aux_heads to contain 'locate'")
+            if LOCATE_LABEL not in batch:
+                raise PolicyError(f"locate loss needs the label {LOCATE_LABEL!r} in the batch "
+                                  f"(add it to data.features.labels)")
+            out["locate"] = self.aux["locate"].loss(memory, pad, batch[LOCATE_LABEL].reshape(-1, self.config.locate_dim))
         if "align" in w:
             if "align" not in self.aux:
                 raise PolicyError("alignment loss needs model.aux_heads to contain 'align'")

@@ -9,6 +9,7 @@ config, loss weights and an optional ``init_from`` (the previous stage's checkpo
 - ``action``: the head's imitation loss (L1 waypoints / L1 chunk / flow matching).
 - ``align``: stage 1, InfoNCE between the target's image region and the instruction.
 - ``ground_box``, ``ground_visible``: stage 2, where the instructed person is and whether visible.
+- ``locate``: auxiliary, where the named objects are (``label.goal_pos`` of the arm tasks).
 
 Loop: AdamW (no decay on norms, biases and embeddings), linear warm-up then cosine decay, gradient
 clipping, optional EMA of the weights (the saved policies then hold the EMA weights), bf16/fp16
@@ -48,7 +49,7 @@ import torch
 from robopolicy.config import ConfigError, to_dict
 from robopolicy.data.loader import FeatureMap, TrainingDataset
 from robopolicy.models.feature_cache import ensure_features
-from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
+from robopolicy.models.policy import LOCATE_LABEL, Policy, PolicyConfig, PolicyError
 
 BOX_LABEL, VISIBLE_LABEL = "label.target_box", "label.target_visible"
 STATE_FILE = "trainer_state.pt"
@@ -110,6 +111,8 @@ class LossWeights:
     align: float = 0.0
     ground_box: float = 0.0
     ground_visible: float = 0.0
+    locate: float = 0.0
+    """Auxiliary: regress ``label.goal_pos`` (where the named objects are; model.aux_heads: [locate])."""
 
 
 @dataclass
@@ -196,6 +199,8 @@ def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
     labels = list(f.labels)
     if cfg.loss.align or cfg.loss.ground_box or cfg.loss.ground_visible:
         labels += [k for k in (BOX_LABEL, VISIBLE_LABEL) if k not in labels]
+    if cfg.loss.locate and LOCATE_LABEL not in labels:
+        labels.append(LOCATE_LABEL)
     cameras = f.cameras if f.cameras is not None else (list(cfg.model.cameras) or None)
     horizon = 1 if cfg.model.head == "waypoints" else cfg.model.horizon
     return TrainingDataset(cfg.data.dataset, cameras=cameras, state_key=f.state if cfg.model.use_state else None,

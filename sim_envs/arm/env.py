@@ -13,7 +13,8 @@ value), and gripper in [0, 1] (0 closed, 1 fully open).
 
 Privileged state (for oracles, metrics, relabelling) is in ``info``: ``ee_pos``,
 ``target_pos``, ``goal_target``, ``target_colors`` and, with cubes, ``cube_pos``,
-``cube_quat``, ``goal_cube``, ``cube_colors``; also ``task`` and ``is_success``, and
+``cube_quat``, ``goal_cube``, ``cube_colors``; ``goal_pos`` (6,): the named cube's xyz (the
+tool-centre point without cubes) and the named target's; also ``task`` and ``is_success``, and
 ``episode_metrics`` (success, steps, return, steps_to_success, final_distance) on the last step.
 Episodes terminate after the success condition held for ``SUCCESS_HOLD`` consecutive steps and
 are truncated at ``max_steps`` (the env's own limit; 100 / 150 / 200 by default).
@@ -57,6 +58,11 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
 class ArmEnv(gymnasium.Env):
     """Base class of the arm tasks (not registered itself). Subclasses define the scene
     (``TASK``, cubes, targets), the layout sampling, the instruction, reward and success."""
+
+    # Privileged label recorded with every frame (robopolicy.data.features.env_features):
+    # ``info["goal_pos"]``: the named object's xyz (the tool-centre point when the task has no
+    # cube) and the named target's xyz, metres in the world frame; for auxiliary losses.
+    label_shapes = {"label.goal_pos": (6,)}
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1.0 / so101.CONTROL_DT))}
     TASK = "arm"
@@ -232,6 +238,9 @@ class ArmEnv(gymnasium.Env):
             info["cube_quat"] = d.xquat[self._cube_body].copy()
             info["goal_cube"] = self.goal_cube
             info["cube_colors"] = self.cube_colors
+        target = info["target_pos"][self.goal_target]
+        obj = info["cube_pos"][self.goal_cube] if self.num_cubes else info["ee_pos"]
+        info["goal_pos"] = np.concatenate([obj, target]).astype(np.float32)
         return info
 
     # -- gymnasium API ------------------------------------------------------------------------
