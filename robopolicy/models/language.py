@@ -86,37 +86,32 @@ class LanguageEncoder:
         """Number of distinct instructions embedded so far."""
         return len(self._cache)
 
-    def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """Unit-norm embeddings ``(len(texts), dim)`` float32 on the CPU."""
-        texts = [str(t) for t in texts]
-        new = sorted({t for t in texts if t not in self._cache})
+    def _cached(self, cache: dict[str, torch.Tensor], texts: list[str], **encode_kw) -> list[torch.Tensor]:
+        """``cache``'s entry of every text, encoding the missing ones in one batch first."""
+        new = sorted({t for t in texts if t not in cache})
         if new:
             if self._model is None:
                 self._model = self._load()
             with torch.inference_mode():
-                out = self._model.encode(new, convert_to_tensor=True, normalize_embeddings=True,
-                                         show_progress_bar=False, device="cpu")
-            for text, vec in zip(new, out):
-                self._cache[text] = vec.detach().float().clone()
-        if not texts:
-            return torch.zeros(0, self.dim)
-        return torch.stack([self._cache[t] for t in texts])
+                out = self._model.encode(new, show_progress_bar=False, device="cpu", **encode_kw)
+            for text, value in zip(new, out):
+                cache[text] = value.detach().float().clone()
+        return [cache[t] for t in texts]
+
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        """Unit-norm embeddings ``(len(texts), dim)`` float32 on the CPU."""
+        texts = [str(t) for t in texts]
+        vecs = self._cached(self._cache, texts, convert_to_tensor=True, normalize_embeddings=True)
+        return torch.stack(vecs) if vecs else torch.zeros(0, self.dim)
 
     def embed_tokens(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Contextual token embeddings ``(B, L, dim)`` float32 (zero-padded to the longest of the
         batch, at most ``max_tokens``) and their padding mask ``(B, L)`` (True: padding)."""
         texts = [str(t) for t in texts]
-        new = sorted({t for t in texts if t not in self._token_cache})
-        if new:
-            if self._model is None:
-                self._model = self._load()
-            with torch.inference_mode():
-                out = self._model.encode(new, output_value="token_embeddings", show_progress_bar=False, device="cpu")
-            for text, seq in zip(new, out):
-                self._token_cache[text] = seq[: self.cfg.max_tokens].detach().float().clone()
         if not texts:
             return torch.zeros(0, 1, self.dim), torch.ones(0, 1, dtype=torch.bool)
-        seqs = [self._token_cache[t] for t in texts]
+        full = self._cached(self._token_cache, texts, output_value="token_embeddings")
+        seqs = [seq[: self.cfg.max_tokens] for seq in full]
         length = max(len(s) for s in seqs)
         tokens = torch.zeros(len(seqs), length, self.dim)
         pad = torch.ones(len(seqs), length, dtype=torch.bool)
