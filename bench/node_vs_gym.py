@@ -56,17 +56,18 @@ def node_episode(args, seed: int, endpoint: str, max_s: float) -> dict:
     driver, node = build_node(cfg)
     driver.connect()
     t0 = time.monotonic()
-    held_since, success, fault = None, False, None
+    held_since, success, fault, t_first = None, False, None, None
     try:
         node.start()
         while time.monotonic() - t0 < max_s + args.startup_s:
             time.sleep(0.01)
             if node.fault is not None:
-                fault = f"{node.fault.kind}: {node.fault.reason}"
+                fault = f"{node.fault.code}: {node.fault.reason}"
                 break
             if not node._got_first_chunk:  # the clock starts with the first chunk (model warm-up)
-                t_first = time.monotonic()
                 continue
+            if t_first is None:
+                t_first = time.monotonic()
             if time.monotonic() - t_first > max_s:
                 break
             if driver.task_info().get("is_success"):
@@ -81,7 +82,7 @@ def node_episode(args, seed: int, endpoint: str, max_s: float) -> dict:
         node.close()
         driver.disconnect()
     return {"seed": seed, "success": success, "fault": fault, "seconds": time.monotonic() - t0,
-            "p99_lateness_us": timing["lateness_us"]["p99"], "missed": timing["missed"]}
+            "p99_lateness_us": timing["lateness_us"]["p99"], "missed": timing["missed_deadlines"]}
 
 
 def main() -> None:
