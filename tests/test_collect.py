@@ -83,5 +83,5 @@ def test_collect_arm_task_two_cameras(tmp_path):
     assert np.allclose(item["action"].numpy(), item[F.ORACLE_ACTION].numpy())  # no noise: label == action
     assert F.ORACLE_WAYPOINTS not in ds.meta.features
     # the goal label: ArmReach has no cube, so the "object" is the tool-centre point
-    assert ds.meta.features[F.GOAL_POS]["shape"] == [6] or tuple(ds.meta.features[F.GOAL_POS]["shape"]) == (6,)
+    assert tuple(ds.meta.features[F.GOAL_POS]["shape"]) == (6,)
     assert np.isfinite(item[F.GOAL_POS].numpy()).all() and np.abs(item[F.GOAL_POS].numpy()).max() < 1.0

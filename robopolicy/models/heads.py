@@ -173,13 +173,16 @@ class LocateHead(nn.Module):
         std = torch.ones(dim) if std is None else torch.as_tensor(std, dtype=torch.float32).reshape(dim)
         self.register_buffer("std", torch.where(std < 1e-4, torch.ones_like(std), std))
 
+    def standardized(self, memory, memory_pad=None) -> torch.Tensor:
+        """Predicted labels ``(B, D)`` in standardized units."""
+        return self.out(self.decoder(memory, memory_pad)[:, 0])
+
     def forward(self, memory, memory_pad=None) -> torch.Tensor:
         """Predicted labels ``(B, D)`` in label units."""
-        return self.out(self.decoder(memory, memory_pad)[:, 0]) * self.std + self.mean
+        return self.standardized(memory, memory_pad) * self.std + self.mean
 
     def loss(self, memory, memory_pad, target: torch.Tensor) -> torch.Tensor:
-        z = self.out(self.decoder(memory, memory_pad)[:, 0])
-        return F.smooth_l1_loss(z, (target.float() - self.mean) / self.std)
+        return F.smooth_l1_loss(self.standardized(memory, memory_pad), (target.float() - self.mean) / self.std)
 
 
 class AlignHead(nn.Module):

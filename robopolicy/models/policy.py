@@ -250,13 +250,12 @@ class Policy(nn.Module):
         if "ground" in cfg.aux_heads:
             self.aux["ground"] = GroundingHead(d, cfg.n_heads, cfg.dropout)
         if "locate" in cfg.aux_heads:
-            label_stats = (stats or {}).get(LOCATE_LABEL)
-            if stats is not None and label_stats is None:
+            label_stats = (stats or {}).get(LOCATE_LABEL, {})  # none when loading: the buffers hold them
+            if stats is not None and not label_stats:
                 raise PolicyError(f"aux head 'locate' needs statistics of {LOCATE_LABEL!r}: add it to "
                                   f"data.features.labels (arm datasets collected with it carry it)")
-            self.aux["locate"] = LocateHead(d, cfg.n_heads, cfg.locate_dim,
-                                            None if label_stats is None else label_stats["mean"],
-                                            None if label_stats is None else label_stats["std"], cfg.dropout)
+            self.aux["locate"] = LocateHead(d, cfg.n_heads, cfg.locate_dim, label_stats.get("mean"),
+                                            label_stats.get("std"), cfg.dropout)
         self.normalizer = Normalizer(tuple(cfg.action_shape), cfg.state_dim if cfg.use_state else 0,
                                      cfg.normalization, stats)
         self._t0 = list(cfg.context_strides).index(0)
@@ -477,22 +476,20 @@ class Policy(nn.Module):
 
     def to_relative(self, chunk: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
         """Env-unit chunk ``(B, H, A)`` → the head's targets: ``relative_action`` dims minus the state now."""
+        return self._shift_relative(chunk, state, -1.0)
+
+    def from_relative(self, chunk: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+        """Inverse of :meth:`to_relative`: head output (unnormalized) → env units."""
+        return self._shift_relative(chunk, state, 1.0)
+
+    def _shift_relative(self, chunk: torch.Tensor, state: torch.Tensor | None, sign: float) -> torch.Tensor:
         dims = list(self.config.relative_action)
         if not dims:
             return chunk
         if state is None:
             raise PolicyError(f"model.relative_action needs {STATE!r} in the batch")
         out = chunk.clone()
-        out[..., dims] = chunk[..., dims] - state[:, None, dims].to(chunk.dtype)
-        return out
-
-    def from_relative(self, chunk: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
-        """Inverse of :meth:`to_relative`: head output (unnormalized) → env units."""
-        dims = list(self.config.relative_action)
-        if not dims:
-            return chunk
-        out = chunk.clone()
-        out[..., dims] = chunk[..., dims] + state[:, None, dims].to(chunk.dtype)
+        out[..., dims] = chunk[..., dims] + sign * state[:, None, dims].to(chunk.dtype)
         return out
 
     # ------------------------------------------------------------------ checkpoints
