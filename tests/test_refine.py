@@ -126,7 +126,7 @@ def test_rpd_bc_term_pulls_the_student_toward_the_teacher(tmp_path):
                         actor_lr=3e-3, bc_weight=10.0, target_kl=10.0, eval_every=10_000, eval_episodes=1, eval_envs=1,
                         out_dir=str(tmp_path / "rpd"), progress=False,
                         student=ResidualConfig(inputs=["state", "environment_state"], hidden=[32], log_std=-2.0))
-    obs_space_dims = dict(state_dim=6, env_state_dim=15)
+    obs_space_dims = dict(state_dim=6, env_state_dim=17)  # ArmReach: ArmEnv.env_state_dim
     from sim_envs.arm import so101
 
     low, high = so101.JOINT_LOW.astype(np.float32), so101.JOINT_HIGH.astype(np.float32)

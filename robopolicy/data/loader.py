@@ -49,6 +49,9 @@ class FeatureMap:
     short names (``["front"]``); ``None``: every camera, under its own short name."""
     state: str | None = "observation.state"
     """Key of the proprioceptive state, or ``None`` for image-only policies."""
+    env_state: str | None = None
+    """Key of a low-dimensional scene state (``observation.environment_state``) fed to the policy as
+    a second proprio token; ``None``: not used. The trainer loads it at time t like a label."""
     action: str = "action"
     """Key of the prediction target: ``action`` (a chunk) or e.g. ``oracle.waypoints``."""
     labels: list[str] = field(default_factory=list)

@@ -30,6 +30,7 @@ from robopolicy.eval.policy_runner import PolicyRunner
 from robopolicy.eval.report import EvalReport, SplitResult, summarize_split
 
 _RENDER_SIZE_TASKS = ("robopolicy/",)
+_ARM_TASKS = ("robopolicy/Arm",)
 
 
 def waypoint_count(policy: Any, default: int = 8) -> int:
@@ -55,11 +56,31 @@ def trained_image_size(policy: Any) -> int | None:
     return None
 
 
+def observation_needs(policy: Any) -> tuple[bool, bool]:
+    """(reads cameras, reads ``observation.environment_state``) for a :class:`Policy` or a
+    residual over one (its base's needs, plus its own ``environment_state`` input)."""
+    base = getattr(policy, "base", None)
+    inputs = list(getattr(getattr(policy, "config", None), "inputs", None) or [])
+    if base is not None or inputs:  # a residual / actor-critic checkpoint
+        cams, scene = observation_needs(base) if base is not None else (False, False)
+        return cams, scene or "environment_state" in inputs
+    cfg = getattr(policy, "config", None)
+    cams = getattr(cfg, "cameras", None)
+    return (True if cams is None else bool(cams)), int(getattr(cfg, "env_state_dim", 0) or 0) > 0
+
+
 def split_env_config(cfg: EvalConfig, split: str | None, policy: Any) -> EnvConfig:
-    """The env config of one split, with image and render sizes applied."""
+    """The env config of one split, with image and render sizes applied; an arm task is made
+    without cameras for a state-based policy and with ``env_state`` for one that reads it."""
     kwargs = dict(cfg.env.kwargs)
     if split is not None:
         kwargs["split"] = split
+    if cfg.env.id.startswith(_ARM_TASKS):
+        cams, scene = observation_needs(policy)
+        if not cams:
+            kwargs.setdefault("use_cameras", False)
+        if scene:
+            kwargs.setdefault("env_state", True)
     image_size = cfg.image_size if cfg.image_size is not None else trained_image_size(policy)
     if image_size is not None and cfg.env.id.startswith(_RENDER_SIZE_TASKS):
         kwargs.setdefault("image_size", int(image_size))

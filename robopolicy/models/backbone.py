@@ -9,9 +9,11 @@ from torch import nn
 class FusionTransformer(nn.Module):
     """Pre-norm transformer encoder over ``[vision tokens, language token, proprio token]``.
 
-    ``forward(vision (B, Nv, d), language (B, L, d) | None, proprio (B, 1, d) | None,
+    ``forward(vision (B, Nv, d) | None, language (B, L, d) | None, proprio (B, P, d) | None,
     vision_pad (B, Nv) bool | None, language_pad (B, L) bool | None)`` → memory ``(B, N, d)`` and
-    its key padding mask ``(B, N)`` (L = 1 for a pooled instruction, more for its tokens).
+    its key padding mask ``(B, N)`` (L = 1 for a pooled instruction, more for its tokens; P = 1
+    for the joint state, 2 with the low-dimensional scene state). ``vision`` is ``None`` for a
+    state-only policy; at least one of the three must be given.
     Each modality gets a learned type embedding so the tokens stay distinguishable.
     """
 
@@ -24,13 +26,15 @@ class FusionTransformer(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.type_embed = nn.Parameter(torch.randn(3, d_model) * 0.02)  # vision, language, proprio
 
-    def forward(self, vision: torch.Tensor, language: torch.Tensor | None = None,
+    def forward(self, vision: torch.Tensor | None, language: torch.Tensor | None = None,
                 proprio: torch.Tensor | None = None, vision_pad: torch.Tensor | None = None,
                 language_pad: torch.Tensor | None = None):
-        parts, pads = [vision + self.type_embed[0]], []
-        b = vision.shape[0]
-        pads.append(vision_pad if vision_pad is not None else vision.new_zeros(b, vision.shape[1], dtype=torch.bool))
-        for i, tok, tok_pad in ((1, language, language_pad), (2, proprio, None)):
+        parts, pads = [], []
+        given = [t for t in (vision, language, proprio) if t is not None]
+        if not given:
+            raise ValueError("FusionTransformer: no tokens (vision, language and proprio are all None)")
+        b = given[0].shape[0]
+        for i, tok, tok_pad in ((0, vision, vision_pad), (1, language, language_pad), (2, proprio, None)):
             if tok is not None:
                 parts.append(tok + self.type_embed[i])
                 pads.append(tok_pad.to(tok.device) if tok_pad is not None

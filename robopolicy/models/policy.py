@@ -10,7 +10,11 @@
 
 Observation batch (what the env emits, optionally batched): ``observation.images.<camera>``
 uint8 ``(B, H, W, 3)`` or ``(H, W, 3)`` (numpy or torch; ``(B, 3, H, W)`` also accepted),
-``observation.state`` ``(B, D)`` or ``(D,)``, ``task`` a string or a list of B strings.
+``observation.state`` ``(B, D)`` or ``(D,)``, ``task`` a string or a list of B strings, and for
+a policy trained with a scene state (``env_state_dim > 0``) ``observation.environment_state``
+``(B, E)``. A policy may have no camera at all (``cameras: []``): a state-based policy over
+the joint state and the scene state (robomimic's low-dim setting, LeRobot's
+``observation.environment_state``), e.g. as a fast base for refinement.
 
 Outputs (``policy.output``): ``"chunk"`` → ``(B, H, A)``; ``"waypoints"`` → ``(B, K, 3)``
 robot-frame ``(x, y, yaw)``. Un-normalized with the statistics inside the checkpoint.
@@ -47,6 +51,7 @@ from robopolicy.utils.files import atomic_directory
 
 IMAGE_PREFIX = "observation.images."
 STATE = "observation.state"
+ENV_STATE = "observation.environment_state"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FORMAT = 1
@@ -110,6 +115,9 @@ class PolicyConfig:
     """Filled from the dataset: ``[A]`` for chunks, ``[K, 3]`` for waypoints."""
     state_dim: int = 0
     """Filled from the dataset (0: no state)."""
+    env_state_dim: int = 0
+    """Size of ``observation.environment_state`` (a second proprio token); filled from the dataset
+    when ``data.features.env_state`` names it (0: not used)."""
     frame_size: list[int] = field(default_factory=list)
     """``[H, W]`` of the training frames (box labels are in their pixels); filled from the dataset."""
 
@@ -129,13 +137,16 @@ class Normalizer(nn.Module):
     """Action and state statistics as buffers (so they are saved inside ``model.safetensors``)."""
 
     def __init__(self, action_shape: tuple[int, ...], state_dim: int, mode: str,
-                 stats: Mapping[str, Mapping[str, Any]] | None = None):
+                 stats: Mapping[str, Mapping[str, Any]] | None = None, env_state_dim: int = 0):
         super().__init__()
         self.mode = mode
         self.has_state = state_dim > 0
-        for prefix, key, shape in (("action", "action", action_shape), ("state", STATE, (state_dim,))):
-            if prefix == "state" and not self.has_state:
-                continue
+        self.entries = [("action", "action", tuple(action_shape))]
+        if state_dim > 0:
+            self.entries.append(("state", STATE, (state_dim,)))
+        if env_state_dim > 0:
+            self.entries.append(("env_state", ENV_STATE, (env_state_dim,)))
+        for prefix, key, shape in self.entries:
             for name in STAT_NAMES:
                 value = torch.zeros(shape) if name != "std" else torch.ones(shape)
                 if stats is not None:
@@ -166,10 +177,8 @@ class Normalizer(nn.Module):
 
     def stats(self) -> dict[str, dict[str, np.ndarray]]:
         """The statistics as numpy arrays, keyed like ``robopolicy.data.stats``."""
-        out = {"action": {n: getattr(self, f"action_{n}").cpu().numpy() for n in STAT_NAMES}}
-        if self.has_state:
-            out[STATE] = {n: getattr(self, f"state_{n}").cpu().numpy() for n in STAT_NAMES}
-        return out
+        return {key: {n: getattr(self, f"{prefix}_{n}").cpu().numpy() for n in STAT_NAMES}
+                for prefix, key, _ in self.entries}
 
 
 def _box_cxcywh(box_xyxy: torch.Tensor, frame_hw: tuple[int, int]) -> torch.Tensor:
@@ -203,8 +212,11 @@ class Policy(nn.Module):
     def __init__(self, config: PolicyConfig, stats: Mapping[str, Mapping[str, Any]] | None = None):
         super().__init__()
         cfg = self.config = config
-        if not cfg.cameras:
-            raise PolicyError("policy config: 'cameras' is empty (the trainer fills it from the dataset)")
+        if not cfg.cameras and not (cfg.use_state or cfg.env_state_dim > 0):
+            raise PolicyError("policy config: 'cameras' is empty and the policy reads no state either "
+                              "(the trainer fills the cameras from the dataset)")
+        if not cfg.cameras and any(h in cfg.aux_heads for h in ("align", "ground", "locate")):
+            raise PolicyError(f"aux heads {cfg.aux_heads} look at camera tokens; this policy has no camera")
         if not cfg.action_shape:
             raise PolicyError("policy config: 'action_shape' is empty (the trainer fills it from the dataset)")
         if cfg.head == "waypoints" and (len(cfg.action_shape) != 2 or cfg.action_shape[1] != 3):
@@ -225,15 +237,18 @@ class Policy(nn.Module):
                 raise PolicyError(f"model.relative_action {rel}: dims must be distinct and below {limit} "
                                   f"(action {cfg.action_shape}, state {cfg.state_dim} values)")
         d = cfg.d_model
-        self.vision = FusedVisionEncoder(list(cfg.encoders), cfg.grid)
-        n_tok = cfg.grid * cfg.grid
-        self.vision_proj = nn.Sequential(nn.LayerNorm(self.vision.out_dim), nn.Linear(self.vision.out_dim, d))
-        self.context = ContextTokens(len(cfg.context_strides), len(cfg.cameras), n_tok, d)
+        self.vision = self.vision_proj = self.context = None
+        if cfg.cameras:
+            self.vision = FusedVisionEncoder(list(cfg.encoders), cfg.grid)
+            n_tok = cfg.grid * cfg.grid
+            self.vision_proj = nn.Sequential(nn.LayerNorm(self.vision.out_dim), nn.Linear(self.vision.out_dim, d))
+            self.context = ContextTokens(len(cfg.context_strides), len(cfg.cameras), n_tok, d)
         self.language = LanguageEncoder(cfg.language) if cfg.language.enabled else None
         self.lang_proj = nn.Linear(self.language.dim, d) if self.language else None
         self.lang_pos = (nn.Parameter(torch.randn(cfg.language.max_tokens, d) * 0.02)
                          if self.language is not None and cfg.language.tokens else None)
         self.state_proj = nn.Linear(cfg.state_dim, d) if cfg.use_state else None
+        self.env_state_proj = nn.Linear(cfg.env_state_dim, d) if cfg.env_state_dim > 0 else None
         self.backbone = FusionTransformer(d, cfg.n_heads, cfg.n_layers, dropout=cfg.dropout)
         if cfg.head == "waypoints":
             self.head = WaypointHead(cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers, cfg.dropout)
@@ -257,7 +272,7 @@ class Policy(nn.Module):
             self.aux["locate"] = LocateHead(d, cfg.n_heads, cfg.locate_dim, label_stats.get("mean"),
                                             label_stats.get("std"), cfg.dropout)
         self.normalizer = Normalizer(tuple(cfg.action_shape), cfg.state_dim if cfg.use_state else 0,
-                                     cfg.normalization, stats)
+                                     cfg.normalization, stats, env_state_dim=cfg.env_state_dim)
         self._t0 = list(cfg.context_strides).index(0)
         self._ring = FeatureRingBuffer(max(cfg.context_strides) + 1)
 
@@ -289,8 +304,11 @@ class Policy(nn.Module):
         """uint8 frames ``(N, 3, H, W)`` → raw encoder features ``(N, grid*grid, C)``."""
         return self.vision(images)
 
-    def _context_features(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """Batch → raw features ``(B, T, V, n, C)`` (cached ``features``, or encoded images)."""
+    def _context_features(self, batch: Mapping[str, Any]) -> torch.Tensor | None:
+        """Batch → raw features ``(B, T, V, n, C)`` (cached ``features``, or encoded images);
+        ``None`` for a policy without cameras."""
+        if self.vision is None:
+            return None
         if "features" in batch:
             return batch["features"].float()
         per_cam = []
@@ -306,29 +324,38 @@ class Policy(nn.Module):
     def _feature_shape(self) -> tuple[int, int]:
         return (self.config.grid * self.config.grid, self.vision.out_dim)
 
-    def _memory(self, feats: torch.Tensor, context_pad: torch.Tensor | None, state: torch.Tensor | None,
-                tasks: list[str] | None, with_language: bool = True, with_state: bool = True):
+    def _memory(self, feats: torch.Tensor | None, context_pad: torch.Tensor | None, state: torch.Tensor | None,
+                tasks: list[str] | None, with_language: bool = True, with_state: bool = True,
+                env_state: torch.Tensor | None = None):
         """Fused memory ``(B, N, d)``, its padding mask ``(B, N)`` and the projected vision tokens
-        ``(B, T, V, n, d)``."""
-        b, t, v, n, _ = feats.shape
-        tok = self.vision_proj(feats)
-        vision = self.context(tok)
-        vpad = None
-        if context_pad is not None and self.config.mask_padded_context:
-            vpad = context_pad[:, :, None].expand(b, t, v * n).reshape(b, t * v * n)
+        ``(B, T, V, n, d)`` (``None`` without cameras)."""
+        ref = next(self.parameters())
+        tok = vision = vpad = None
+        if feats is not None:
+            b, t, v, n, _ = feats.shape
+            tok = self.vision_proj(feats)
+            vision = self.context(tok)
+            if context_pad is not None and self.config.mask_padded_context:
+                vpad = context_pad[:, :, None].expand(b, t, v * n).reshape(b, t * v * n)
         lang = prop = lang_pad = None
         if self.language is not None and with_language:
             if tasks is None:
                 raise PolicyError("the policy is language-conditioned: the batch needs 'task' (the instruction)")
             if self.lang_pos is not None:  # the instruction's token sequence, positions marked
-                tok, lang_pad = self.language.embed_tokens(tasks)
-                lang = self.lang_proj(tok.to(feats.device, feats.dtype)) + self.lang_pos[: tok.shape[1]]
+                words, lang_pad = self.language.embed_tokens(tasks)
+                lang = self.lang_proj(words.to(ref.device, ref.dtype)) + self.lang_pos[: words.shape[1]]
             else:
-                lang = self.lang_proj(self.language.embed(tasks).to(feats.device, feats.dtype))[:, None]
+                lang = self.lang_proj(self.language.embed(tasks).to(ref.device, ref.dtype))[:, None]
+        props = []
         if self.state_proj is not None and with_state:
             if state is None:
                 raise PolicyError(f"the policy uses proprio state: the batch needs {STATE!r}")
-            prop = self.state_proj(self.normalizer.normalize("state", state.float()))[:, None]
+            props.append(self.state_proj(self.normalizer.normalize("state", state.float()))[:, None])
+        if self.env_state_proj is not None and with_state:
+            if env_state is None:
+                raise PolicyError(f"the policy reads the scene state: the batch needs {ENV_STATE!r}")
+            props.append(self.env_state_proj(self.normalizer.normalize("env_state", env_state.float()))[:, None])
+        prop = torch.cat(props, dim=1) if props else None
         memory, pad = self.backbone(vision, lang, prop, vpad, lang_pad)
         return memory, pad, tok
 
@@ -347,11 +374,13 @@ class Policy(nn.Module):
         state = batch.get(STATE)
         state = state[:, self._t0] if state is not None and state.ndim == 3 else state
         tasks = list(batch["task"]) if "task" in batch else None
+        env_state = batch.get(ENV_STATE)
+        env_state = env_state[:, self._t0] if env_state is not None and env_state.ndim == 3 else env_state
         out: dict[str, torch.Tensor] = {}
         w = {k: float(v) for k, v in weights.items() if float(v) != 0.0}
         need_memory = any(k in w for k in ("action", "ground_box", "ground_visible", "locate"))
         if need_memory:
-            memory, pad, _ = self._memory(feats, ctx_pad, state, tasks)
+            memory, pad, _ = self._memory(feats, ctx_pad, state, tasks, env_state=env_state)
         if "action" in w:
             target = batch["action"].float()
             if self.output == "waypoints":
@@ -438,7 +467,7 @@ class Policy(nn.Module):
 
     def observe(self, obs: Mapping[str, Any]) -> None:
         """Push the frame of an env step on which no prediction is needed (keeps strides in env steps)."""
-        if max(self.config.context_strides) == 0:
+        if max(self.config.context_strides) == 0 or self.vision is None:
             return
         self.eval()
         with torch.inference_mode():
@@ -448,17 +477,34 @@ class Policy(nn.Module):
         """Observation batch → ``(B, H, A)`` actions or ``(B, K, 3)`` waypoints in env units (CPU float32)."""
         self.eval()
         with torch.inference_mode():
-            feats, b = self._obs_features(obs)
-            self._ring.push(feats)
-            ctx, pad = self._ring.context(self.config.context_strides)  # (B, T, V, n, C), (B, T)
-            ctx_pad = pad.to(self.device)
-            state = None
-            if self.state_proj is not None:
-                if STATE not in obs:
-                    raise PolicyError(f"observation lacks {STATE!r} (the policy uses proprio state)")
-                state = torch.as_tensor(np.asarray(obs[STATE], dtype=np.float32)).to(self.device).reshape(b, -1)
-                if state.shape[1] != self.config.state_dim:
-                    raise PolicyError(f"{STATE}: expected {self.config.state_dim} values, got {state.shape[1]}")
+            ctx = ctx_pad = None
+            if self.vision is not None:
+                feats, b = self._obs_features(obs)
+                self._ring.push(feats)
+                ctx, pad = self._ring.context(self.config.context_strides)  # (B, T, V, n, C), (B, T)
+                ctx_pad = pad.to(self.device)
+            state = env_state = None
+            vectors = [(STATE, self.config.state_dim, self.state_proj is not None, "the policy uses proprio state"),
+                       (ENV_STATE, self.config.env_state_dim, self.env_state_proj is not None,
+                        "the policy reads the scene state: make the env with env_state=true")]
+            got = []
+            for key, dim, used, why in vectors:
+                if not used:
+                    got.append(None)
+                    continue
+                if key not in obs:
+                    raise PolicyError(f"observation lacks {key!r} ({why}; observation keys: {sorted(obs)})")
+                value = torch.as_tensor(np.asarray(obs[key], dtype=np.float32)).to(self.device)
+                value = value.reshape(-1, value.shape[-1]) if value.ndim else value.reshape(1, 1)
+                if value.shape[1] != dim:
+                    raise PolicyError(f"{key}: expected {dim} values, got {value.shape[1]}")
+                got.append(value)
+            state, env_state = got
+            if self.vision is None:
+                b = next(v for v in got if v is not None).shape[0]
+            for v, key in ((state, STATE), (env_state, ENV_STATE)):
+                if v is not None and v.shape[0] != b:
+                    raise PolicyError(f"{key}: batch of {v.shape[0]}, the cameras give {b}")
             tasks = None
             if self.language is not None:
                 if "task" not in obs:
@@ -467,7 +513,7 @@ class Policy(nn.Module):
                 tasks = [task] * b if isinstance(task, str) else [str(s) for s in task]
                 if len(tasks) != b:
                     raise PolicyError(f"'task' holds {len(tasks)} instructions for a batch of {b}")
-            memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks)
+            memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks, env_state=env_state)
             if isinstance(self.head, FlowChunkHead):
                 out = self.head(memory, mpad, steps=flow_steps)
             else:

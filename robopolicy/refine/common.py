@@ -25,21 +25,19 @@ ENV_STATE = "observation.environment_state"
 """Privileged low-dimensional scene state (object and target positions) added by :class:`RefineEnv`."""
 
 
-def privileged_state(info: dict) -> np.ndarray:
-    """The scene state an arm oracle sees, flattened: tool-centre point, goal target and goal cube
-    positions (zeros where the task has none); PersonFollow: target distance, bearing, visibility."""
-    if "ee_pos" in info:
-        ee = np.asarray(info["ee_pos"], np.float32)
-        targets = np.asarray(info["target_pos"], np.float32).reshape(-1, 3)
-        target = targets[int(info.get("goal_target", 0))]
-        cube = np.zeros(3, np.float32)
-        if "cube_pos" in info and int(info.get("goal_cube", -1)) >= 0:
-            cube = np.asarray(info["cube_pos"], np.float32).reshape(-1, 3)[int(info["goal_cube"])]
-        return np.concatenate([ee, target, cube, target - ee, cube - ee]).astype(np.float32)
+def privileged_state(env: gymnasium.Env, info: dict) -> np.ndarray:
+    """The scene state an oracle sees, flattened. Arm tasks: the env's own
+    ``environment_state()`` (tcp, goal cube and target, their offsets, the other objects; see
+    ``sim_envs.arm.env.ArmEnv.environment_state``); PersonFollow: target distance, bearing
+    (cos, sin), visibility."""
+    base = env.unwrapped
+    if hasattr(base, "environment_state"):
+        return base.environment_state()
     if "target_distance" in info:
         b = float(info["target_bearing"])
         return np.array([info["target_distance"], math.cos(b), math.sin(b), float(info["target_visible"])], np.float32)
-    raise ValueError("privileged_state: this env's info has neither arm (ee_pos) nor tracking (target_distance) keys")
+    raise ValueError(f"privileged_state: {type(base).__name__} has no environment_state() and its info no "
+                     f"tracking (target_distance) keys")
 
 
 class RefineEnv(gymnasium.Wrapper):
@@ -63,16 +61,18 @@ class RefineEnv(gymnasium.Wrapper):
             from sim_envs import make_oracle
 
             self.oracle = make_oracle(env.unwrapped, noise=0.0)
-        if privileged:
-            dim = 15 if hasattr(env.unwrapped, "ik") else 4  # see privileged_state: arm / tracking
+        self._own_state = ENV_STATE in env.observation_space.spaces  # the env already observes it
+        if privileged and not self._own_state:
+            base = env.unwrapped
+            dim = base.env_state_dim if hasattr(base, "environment_state") else 4  # see privileged_state
             spaces_ = dict(env.observation_space.spaces)
             spaces_[ENV_STATE] = gymnasium.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
             self.observation_space = gymnasium.spaces.Dict(spaces_)
 
     def _decorate(self, obs: dict, info: dict, first: bool) -> tuple[dict, dict]:
         obs = dict(obs)
-        if self.privileged:
-            obs[ENV_STATE] = privileged_state(info)
+        if self.privileged and not self._own_state:
+            obs[ENV_STATE] = privileged_state(self.env, info)
         if self.oracle is not None:
             if first:
                 self.oracle.reset(obs, info)

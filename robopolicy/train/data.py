@@ -19,7 +19,8 @@ from robopolicy.data.loader import TrainingDataset
 
 
 class CachedFeatureBatches:
-    """Random batches from ``dataset`` with per-frame ``features {role: (N, n, C)}``.
+    """Random batches from ``dataset`` with per-frame ``features {role: (N, n, C)}`` (``{}`` for a
+    dataset read without cameras).
 
     Context, chunk and padding follow the loader exactly: context frame ``max(t - s, start)``,
     chunk step ``min(t + h, end - 1)``, flags for what fell outside the episode.
@@ -59,15 +60,16 @@ class CachedFeatureBatches:
         context = np.maximum(past, start[:, None])  # (B, T)
         future = row[:, None] + self.future[None]
         chunk = np.minimum(future, end[:, None] - 1)  # (B, H)
-        feats = np.stack([f[context] for f in self.features], axis=2)  # (B, T, V, n, C)
         out = {
-            "features": torch.from_numpy(feats.astype(np.float32, copy=False)),
             "observation_is_pad": torch.from_numpy(past < start[:, None]),
             "action": torch.from_numpy(self.action[chunk]),
             "action_is_pad": torch.from_numpy(future >= end[:, None]),
             "task": [self.tasks[i] for i in self.task_index[row]],
             "index": torch.from_numpy(row),
         }
+        if self.features:  # a policy without cameras trains on the low-dimensional columns alone
+            feats = np.stack([f[context] for f in self.features], axis=2)  # (B, T, V, n, C)
+            out["features"] = torch.from_numpy(feats.astype(np.float32, copy=False))
         if self.state is not None:
             out["observation.state"] = torch.from_numpy(self.state[context])
         for key, values in self.labels.items():

@@ -49,7 +49,7 @@ import torch
 from robopolicy.config import ConfigError, to_dict
 from robopolicy.data.loader import FeatureMap, TrainingDataset
 from robopolicy.models.feature_cache import ensure_features
-from robopolicy.models.policy import LOCATE_LABEL, Policy, PolicyConfig, PolicyError
+from robopolicy.models.policy import ENV_STATE, LOCATE_LABEL, Policy, PolicyConfig, PolicyError
 
 BOX_LABEL, VISIBLE_LABEL = "label.target_box", "label.target_visible"
 STATE_FILE = "trainer_state.pt"
@@ -182,6 +182,13 @@ def shifted(batches, pad: int, seed: int):
         yield random_shift(batch, pad, g)
 
 
+def _renamed(batches, old: str, new: str):
+    """``batches`` with the entry ``old`` under the key ``new``."""
+    for batch in batches:
+        batch[new] = batch.pop(old)
+        yield batch
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -201,6 +208,8 @@ def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
         labels += [k for k in (BOX_LABEL, VISIBLE_LABEL) if k not in labels]
     if cfg.loss.locate and LOCATE_LABEL not in labels:
         labels.append(LOCATE_LABEL)
+    if f.env_state and f.env_state not in labels:
+        labels.append(f.env_state)
     cameras = f.cameras if f.cameras is not None else (list(cfg.model.cameras) or None)
     horizon = 1 if cfg.model.head == "waypoints" else cfg.model.horizon
     return TrainingDataset(cfg.data.dataset, cameras=cameras, state_key=f.state if cfg.model.use_state else None,
@@ -209,15 +218,23 @@ def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
                            progress=progress)
 
 
-def model_config_for(cfg: PolicyConfig, ds: TrainingDataset) -> PolicyConfig:
-    """``cfg`` with the dataset-derived fields filled in (cameras, action shape, state size, frame size)."""
+def model_config_for(cfg: PolicyConfig, ds: TrainingDataset, env_state: str | None = None) -> PolicyConfig:
+    """``cfg`` with the dataset-derived fields filled in (cameras, action shape, state sizes, frame
+    size); ``env_state``: the dataset key of the scene state (``data.features.env_state``)."""
     roles = list(ds.cameras)
     if cfg.cameras and list(cfg.cameras) != roles:
         raise PolicyError(f"model.cameras {cfg.cameras} but the dataset gives cameras {roles} "
                           f"(set data.features.cameras to map them)")
-    if not roles:
-        raise PolicyError(f"dataset {ds.root} has no camera the policy could use")
+    if not roles and not (cfg.use_state or env_state):
+        raise PolicyError(f"dataset {ds.root} has no camera the policy could use (and the policy reads no "
+                          f"state: set data.features.env_state or model.use_state)")
     stats = ds.stats
+    env_state_dim = 0
+    if env_state:
+        if env_state not in stats:
+            raise PolicyError(f"data.features.env_state is {env_state!r} but dataset {ds.root} has no such "
+                              f"feature (collect with the env's env_state=true)")
+        env_state_dim = int(np.asarray(stats[env_state]["mean"]).size)
     if "action" not in stats:
         raise PolicyError(f"dataset {ds.root} has no statistics for {ds.action_key!r}")
     action_shape = list(np.asarray(stats["action"]["mean"]).shape)
@@ -226,15 +243,21 @@ def model_config_for(cfg: PolicyConfig, ds: TrainingDataset) -> PolicyConfig:
         if ds.state_key is None or "observation.state" not in stats:
             raise PolicyError("model.use_state is true but data.features.state names no state feature")
         state_dim = int(np.asarray(stats["observation.state"]["mean"]).size)
-    _, h, w = ds.cache.image_shape(ds.cameras[roles[0]])
+    frame = []
+    if roles:
+        _, h, w = ds.cache.image_shape(ds.cameras[roles[0]])
+        frame = [h, w]
     return dataclasses.replace(cfg, cameras=roles, action_shape=action_shape, state_dim=state_dim,
-                               frame_size=[h, w])
+                               env_state_dim=env_state_dim, frame_size=frame)
 
 
-def policy_stats(cfg: PolicyConfig, ds: TrainingDataset) -> dict[str, dict[str, np.ndarray]]:
+def policy_stats(cfg: PolicyConfig, ds: TrainingDataset, env_state: str | None = None) -> dict[str, dict[str, np.ndarray]]:
     """The statistics a new policy carries: the dataset's, with relative action dims' replaced by
-    those of the offsets from the state (``model.relative_action``)."""
+    those of the offsets from the state (``model.relative_action``), and the scene state's
+    (``env_state``, a dataset key) under ``observation.environment_state``."""
     stats = dict(ds.stats)
+    if env_state:
+        stats[ENV_STATE] = stats[env_state]
     if cfg.relative_action:
         stats["action"] = ds.relative_action_stats(cfg.relative_action)
     return stats
@@ -391,8 +414,9 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
         amp_dtype = None
 
     ds = build_dataset(cfg, progress=cfg.progress)
-    model_cfg = model_config_for(cfg.model, ds)
-    policy = Policy(model_cfg, policy_stats(model_cfg, ds)).to(device)
+    env_key = cfg.data.features.env_state
+    model_cfg = model_config_for(cfg.model, ds, env_key)
+    policy = Policy(model_cfg, policy_stats(model_cfg, ds, env_key)).to(device)
     if cfg.init_from and latest is None:
         info = policy.load_pretrained(cfg.init_from)
         fresh = sorted({".".join(k.split(".")[:2]) for k in info["new"]})
@@ -411,12 +435,14 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
     log(f"[train] policy: head={model_cfg.head} aux={model_cfg.aux_heads} params={n_params / 1e6:.2f}M "
         f"(trainable {n_train / 1e6:.2f}M) device={device} losses={weights}")
 
-    use_cache = cfg.data.feature_cache and policy.vision.frozen
+    no_camera = policy.vision is None
+    use_cache = no_camera or (cfg.data.feature_cache and policy.vision.frozen)
     if cfg.data.feature_cache and not use_cache:
         log("[train] feature cache off: some encoders are trainable")
     t_feat = time.perf_counter()
     start_step = 0
-    if use_cache:
+    feats = {}
+    if use_cache and not no_camera:
         feats = ensure_features(ds, policy.vision, cfg.data.feature_cache_dir, progress=cfg.progress,
                                 device=device, log=log)
     feature_seconds = time.perf_counter() - t_feat
@@ -449,7 +475,7 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
         from robopolicy.train.data import CachedFeatureBatches
 
         batches = iter(CachedFeatureBatches(ds, feats, cfg.batch_size, seed=seed))
-        if cfg.augment.shift > 0:
+        if cfg.augment.shift > 0 and not no_camera:
             log("[train] augment.shift ignored: frozen encoders train on cached features")
     else:
         from robopolicy.train.data import frame_batches
@@ -458,6 +484,8 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
         if cfg.augment.shift > 0:
             batches = shifted(batches, cfg.augment.shift, seed)
 
+    if env_key and env_key != ENV_STATE:
+        batches = _renamed(batches, env_key, ENV_STATE)
     metrics = MetricsLog(out, resume=latest is not None, log=log)
 
     def save_checkpoint(step: int, directory: Path, trainer_state: bool) -> None:

@@ -11,6 +11,10 @@ within the joint limits; ``action_mode="ee_delta"`` → (dx, dy, dz, gripper) wi
 damped-least-squares IK with the gripper kept pointing down (wrist roll held at its reset
 value), and gripper in [0, 1] (0 closed, 1 fully open).
 
+With ``env_state=True`` the observation also holds ``observation.environment_state`` float32
+(:attr:`ArmEnv.env_state_dim`,): the privileged scene state as low-dimensional values (LeRobot's
+key for it; see :meth:`ArmEnv.environment_state`), for state-based policies and refinement.
+
 Privileged state (for oracles, metrics, relabelling) is in ``info``: ``ee_pos``,
 ``target_pos``, ``goal_target``, ``target_colors`` and, with cubes, ``cube_pos``,
 ``cube_quat``, ``goal_cube``, ``cube_colors``; ``goal_pos`` (6,): the named cube's xyz (the
@@ -42,6 +46,7 @@ from sim_envs.core import check_action, check_choice, check_options
 
 TEXT_CHARSET = string.ascii_letters + string.digits + " .,'-_"
 SUCCESS_HOLD = 3  # consecutive successful steps before the episode terminates
+ENV_STATE = "observation.environment_state"
 
 
 def _dist(a, b) -> float:
@@ -78,6 +83,7 @@ class ArmEnv(gymnasium.Env):
         max_steps: int | None = None,
         ee_step: float = 0.015,
         render_size: int = 240,
+        env_state: bool = False,
     ) -> None:
         super().__init__()
         self.render_mode = check_choice("render_mode", render_mode, (None, "rgb_array"))
@@ -85,6 +91,7 @@ class ArmEnv(gymnasium.Env):
         self.render_size = _check_int("render_size", render_size, 16, 2048)
         self.use_cameras = check_choice("use_cameras", use_cameras, (True, False))
         self.action_mode = check_choice("action_mode", action_mode, ("joint", "ee_delta"))
+        self.env_state = check_choice("env_state", env_state, (True, False))
         # (not ``max_episode_steps``: gymnasium.make() takes that one for its TimeLimit wrapper)
         if max_steps is None:
             max_steps = self.DEFAULT_MAX_STEPS
@@ -123,6 +130,8 @@ class ArmEnv(gymnasium.Env):
         obs_spaces["observation.state"] = spaces.Box(
             so101.JOINT_LOW.astype(np.float32) - 0.5, so101.JOINT_HIGH.astype(np.float32) + 0.5, (6,), np.float32
         )
+        if self.env_state:
+            obs_spaces[ENV_STATE] = spaces.Box(-np.inf, np.inf, (self.env_state_dim,), np.float32)
         obs_spaces["task"] = spaces.Text(max_length=256, min_length=1, charset=TEXT_CHARSET)
         self.observation_space = spaces.Dict(obs_spaces)
         if self.action_mode == "joint":
@@ -202,6 +211,41 @@ class ArmEnv(gymnasium.Env):
         s[5] = self.gripper_angle()
         return s
 
+    @property
+    def env_state_dim(self) -> int:
+        """Size of :meth:`environment_state`: 17 + 5 per other cube + 3 per other target."""
+        return 17 + 5 * max(self.num_cubes - 1, 0) + 3 * (self.num_targets - 1)
+
+    def environment_state(self) -> np.ndarray:
+        """The scene as an oracle sees it, goal objects first, metres in the world frame:
+
+        ``[0:3]`` tool-centre point, ``[3:6]`` goal cube centre (zeros without cubes), ``[6:8]``
+        its yaw as ``(cos 4θ, sin 4θ)`` (a cube looks the same every quarter turn), ``[8:11]``
+        goal target, ``[11:14]`` goal cube − tcp (target − tcp without cubes), ``[14:17]`` goal
+        target − goal cube (target − tcp without cubes); then each other cube (centre, yaw pair)
+        and each other target (centre), in scene order.
+        """
+        d = self.data
+        ee = d.site_xpos[self._tcp]
+        targets = d.mocap_pos[self._target_mocap]
+        target = targets[self.goal_target]
+        parts = [ee]
+        if self.num_cubes:
+            cube = d.xpos[self._cube_body[self.goal_cube]]
+            parts += [cube, self._yaw_pair(self.goal_cube), target, cube - ee, target - cube]
+            for i in range(self.num_cubes):
+                if i != self.goal_cube:
+                    parts += [d.xpos[self._cube_body[i]], self._yaw_pair(i)]
+        else:
+            parts += [np.zeros(5), target, target - ee, target - ee]
+        parts += [targets[i] for i in range(self.num_targets) if i != self.goal_target]
+        return np.concatenate(parts).astype(np.float32)
+
+    def _yaw_pair(self, i: int) -> np.ndarray:
+        w, x, y, z = self.data.xquat[self._cube_body[i]]
+        yaw = math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+        return np.array([math.cos(4 * yaw), math.sin(4 * yaw)])
+
     def _grow_framebuffer(self, size: int) -> None:
         vis = self.model.vis.global_
         vis.offwidth = max(vis.offwidth, size)
@@ -220,6 +264,8 @@ class ArmEnv(gymnasium.Env):
     def _obs(self) -> dict[str, Any]:
         obs: dict[str, Any] = self._render_obs_images() if self.use_cameras else {}
         obs["observation.state"] = self._state()
+        if self.env_state:
+            obs[ENV_STATE] = self.environment_state()
         obs["task"] = self._instruction
         return obs
 
