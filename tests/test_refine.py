@@ -55,6 +55,18 @@ def test_residual_starts_exactly_at_the_base():
     assert not np.allclose(moved, chunk[:, 0])
 
 
+def test_per_dimension_residual_scale():
+    base = tiny_base()
+    policy = ResidualPolicy(ResidualConfig(scale_per_dim=[0.1, 0.1, 0.1, 0.1, 0.1, 1.0]), LOW, HIGH, base=base)
+    base_norm, r = torch.zeros(1, 6), torch.full((1, 6), 0.5)
+    moved = policy.env_action(base_norm, r).numpy()[0] / HIGH  # back to normalized units
+    np.testing.assert_allclose(moved, [0.05] * 5 + [0.5], atol=1e-6)
+    with pytest.raises(PolicyError, match="scale_per_dim has 2 values"):
+        ResidualPolicy(ResidualConfig(scale_per_dim=[0.1, 1.0]), LOW, HIGH, base=tiny_base())
+    with pytest.raises(ValueError, match="finite"):
+        ResidualConfig(scale_per_dim=[float("nan")] * 6)
+
+
 def test_ppo_update_lowers_loss_and_learns_a_bandit():
     torch.manual_seed(0)
     policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5), -np.ones(1), np.ones(1),

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from robopolicy.envs import EnvConfig
-from robopolicy.refine.common import LABEL_FLAGS, Curve, EvalResult, evaluate_success, make_vector_envs
+from robopolicy.refine.common import ENV_STATE, LABEL_FLAGS, Curve, EvalResult, evaluate_success, make_vector_envs
 
 FILTERS = (*LABEL_FLAGS, "pre_failure")
 
@@ -55,6 +55,8 @@ class DAggerConfig:
     original: str = ""
     """LeRobot dataset the base was trained on: its frames are mixed into every fine-tuning batch
     (DAgger aggregates with the original data); empty: on-policy states only."""
+    original_episodes: list[int] | None = None
+    """Episodes of ``original`` to mix in (``None``: all), e.g. those the base was trained on."""
     original_action: str = "action"
     """Target key of ``original`` (``oracle.waypoints`` for a waypoint policy)."""
     original_fraction: float = 0.5
@@ -190,6 +192,8 @@ def make_batch(frames: list[dict], policy) -> dict:
             out[key] = torch.from_numpy(np.stack([[c["obs"][key] for c in row] for row in ctx])).permute(0, 1, 4, 2, 3)
         elif key == "observation.state":
             out[key] = torch.from_numpy(np.stack([[c["obs"][key] for c in row] for row in ctx]).astype(np.float32))
+        elif key == ENV_STATE and policy.config.env_state_dim:  # read at t, as the trainer loads it
+            out[key] = torch.from_numpy(np.stack([f["obs"][key] for f in frames]).astype(np.float32))
     out["observation_is_pad"] = torch.tensor([[f.get("index", 0) - s < 0 for s in strides] for f in frames])
     if policy.output == "waypoints":
         out["action"] = torch.from_numpy(np.stack([f["waypoints"] for f in frames]).astype(np.float32))[:, None]
@@ -216,8 +220,10 @@ def original_dataset(cfg: DAggerConfig, policy):
     waypoints = policy.output == "waypoints"
     return TrainingDataset(cfg.original, cameras=policy.cameras,
                            state_key="observation.state" if policy.config.use_state else None,
+                           labels=[ENV_STATE] if policy.config.env_state_dim else [],
                            action_key=cfg.original_action, context_strides=policy.config.context_strides,
-                           horizon=1 if waypoints else policy.config.horizon, progress=False)
+                           horizon=1 if waypoints else policy.config.horizon, episodes=cfg.original_episodes,
+                           progress=False)
 
 
 def _mix(batch: dict, original, n: int, rng: random.Random) -> dict:

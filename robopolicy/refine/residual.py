@@ -50,6 +50,10 @@ class ResidualConfig:
     """What the residual sees (see the module docstring); ``environment_state`` is simulation-only."""
     scale: float = 0.1
     """Residual step in normalized action units (ignored without a base: then 1)."""
+    scale_per_dim: list[float] = field(default_factory=list)
+    """Per action dimension, replacing ``scale`` (empty: ``scale`` everywhere). E.g. an arm's
+    ``[0.1, 0.1, 0.1, 0.1, 0.1, 1.0]``: small joint corrections, but a gripper the residual can
+    open or close fully (a base stuck holding the cube over the bowl never releases it otherwise)."""
     hidden: list[int] = field(default_factory=lambda: [256, 256])
     """Hidden sizes of the actor and of the (separate) critic."""
     log_std: float = -1.0
@@ -65,6 +69,8 @@ class ResidualConfig:
             raise ValueError(f"residual.inputs: unknown {bad} (choose from {list(INPUTS)})")
         if self.execute_steps < 1:
             raise ValueError("residual.execute_steps must be >= 1")
+        if any(not (np.isfinite(v) and v >= 0) for v in [self.scale, *self.scale_per_dim]):
+            raise ValueError("residual.scale and residual.scale_per_dim must be finite and >= 0")
 
 
 def mlp(sizes: Sequence[int], zero_last: bool = False) -> nn.Sequential:
@@ -144,7 +150,10 @@ class ResidualPolicy(nn.Module):
         self.actor = mlp([d_in, *config.hidden, a], zero_last=True)
         self.critic = mlp([d_in, *config.hidden, 1])
         self.log_std = nn.Parameter(torch.full((a,), float(config.log_std)), requires_grad=config.learn_std)
-        self.step_scale = float(config.scale) if base is not None else 1.0
+        if config.scale_per_dim and len(config.scale_per_dim) != a:
+            raise PolicyError(f"residual.scale_per_dim has {len(config.scale_per_dim)} values, the action {a}")
+        scale = torch.as_tensor(config.scale_per_dim or [config.scale] * a, dtype=torch.float32)
+        self.register_buffer("step_scale", scale if base is not None else torch.ones(a), persistent=False)
         self._queue: list[list[np.ndarray]] = []
         self._features: torch.Tensor | None = None
         self._memory_hook: Any = None

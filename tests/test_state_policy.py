@@ -1,0 +1,125 @@
+"""State-based arm policies: the env's scene state, a camera-free policy trained on it, eval."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+torch = pytest.importorskip("torch")
+
+import sim_envs  # noqa: E402,F401  (registers the tasks)
+from robopolicy.data.collect import CollectConfig, collect  # noqa: E402
+from robopolicy.envs import EnvConfig  # noqa: E402
+from robopolicy.eval import EvalConfig, evaluate  # noqa: E402
+from robopolicy.eval.rollout import observation_needs, split_env_config  # noqa: E402
+from robopolicy.models.policy import ENV_STATE, Policy, PolicyError  # noqa: E402
+from robopolicy.train.trainer import TrainConfig, build_dataset, model_config_for, train  # noqa: E402
+
+PP = "robopolicy/ArmPickPlace-v0"
+
+
+@pytest.mark.parametrize("task, dim", [("ArmReach", 17), ("ArmPushCube", 17), ("ArmPickPlace", 33)])
+def test_env_state_observation_holds_the_goal_objects(task, dim):
+    env = gymnasium.make(f"robopolicy/{task}-v0", use_cameras=False, env_state=True)
+    obs, info = env.reset(seed=3)
+    for _ in range(3):
+        obs, _, _, _, info = env.step(env.action_space.sample())
+    es = obs[ENV_STATE]
+    assert es.dtype == np.float32 and es.shape == (dim,) == env.observation_space[ENV_STATE].shape
+    np.testing.assert_allclose(es[0:3], info["ee_pos"], atol=1e-6)
+    np.testing.assert_allclose(es[8:11], info["goal_pos"][3:], atol=1e-6)
+    if "cube_pos" in info:
+        np.testing.assert_allclose(es[3:6], info["goal_pos"][:3], atol=1e-6)
+        np.testing.assert_allclose(es[11:14], es[3:6] - es[0:3], atol=1e-6)
+        assert abs(np.hypot(es[6], es[7]) - 1.0) < 1e-5  # (cos 4θ, sin 4θ)
+    else:
+        np.testing.assert_allclose(es[11:14], es[8:11] - es[0:3], atol=1e-6)
+    assert ENV_STATE not in gymnasium.make(f"robopolicy/{task}-v0", use_cameras=False).reset(seed=0)[0]
+    with pytest.raises(ValueError, match="env_state"):
+        gymnasium.make(f"robopolicy/{task}-v0", env_state="yes")
+
+
+@pytest.fixture(scope="module")
+def state_dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("state") / "pp"
+    collect(CollectConfig(env=EnvConfig(PP, {"use_cameras": False, "env_state": True}), episodes=3, noise=0.1,
+                          out=str(out), progress=False), log=lambda m: None)
+    return out
+
+
+def state_cfg(dataset: Path, out: Path, **kw) -> TrainConfig:
+    cfg = {"name": "state", "out": str(out), "steps": 60, "batch_size": 16, "save_every": 0, "progress": False,
+           "data": {"dataset": str(dataset), "features": {"cameras": [], "env_state": ENV_STATE,
+                                                          "action": "oracle.action"}},
+           "model": {"head": "chunk_l1", "context_strides": [0], "horizon": 4, "language": {"enabled": False},
+                     "d_model": 32, "n_heads": 2, "n_layers": 1, "head_layers": 1},
+           "optim": {"warmup_steps": 5}}
+    from robopolicy.config import build
+
+    for key, value in kw.items():
+        cfg[key] = value
+    return build(TrainConfig, cfg)
+
+
+@pytest.fixture(scope="module")
+def trained(state_dataset, tmp_path_factory):
+    return train(state_cfg(state_dataset, tmp_path_factory.mktemp("run") / "run"), log=lambda m: None)
+
+
+def test_a_camera_free_policy_trains_predicts_and_evaluates(trained, tmp_path):
+    result = trained
+    assert result.last_losses["action"] < result.first_losses["action"]
+    policy = Policy.load(result.final)
+    assert policy.vision is None and policy.cameras == []
+    assert policy.config.env_state_dim == 33 and policy.config.state_dim == 6
+    assert observation_needs(policy) == (False, True)
+
+    env = gymnasium.make(PP, use_cameras=False, env_state=True)
+    obs, _ = env.reset(seed=0)
+    chunk = policy.predict(obs)
+    assert chunk.shape == (1, 4, 6) and torch.isfinite(chunk).all()
+    batch = {k: np.stack([v, v]) for k, v in obs.items() if k != "task"}
+    assert policy.predict(batch).shape == (2, 4, 6)
+    with pytest.raises(PolicyError, match="environment_state"):
+        policy.predict({"observation.state": obs["observation.state"]})
+    with pytest.raises(PolicyError, match="expected 33 values"):
+        policy.predict({**obs, ENV_STATE: obs[ENV_STATE][:5]})
+
+    # eval makes the env without cameras and with the scene state, from the checkpoint alone
+    cfg = EvalConfig(env=EnvConfig(PP, {"max_steps": 10}), episodes=2, workers=1, videos=0,
+                     out_dir=str(tmp_path / "eval"), progress=False)
+    kwargs = split_env_config(cfg, None, policy).kwargs
+    assert kwargs["use_cameras"] is False and kwargs["env_state"] is True
+    report = evaluate(policy, cfg, log=lambda m: None, save=False)
+    assert len(report.splits[0].episodes) == 2 and report.splits[0].env_steps > 0
+
+
+def test_env_state_feature_the_dataset_lacks_is_named(state_dataset, tmp_path):
+    cfg = state_cfg(state_dataset, tmp_path / "bad")
+    cfg.data.features.env_state = "observation.scene"
+    with pytest.raises(Exception, match="observation.scene"):
+        model_config_for(cfg.model, build_dataset(cfg, progress=False), cfg.data.features.env_state)
+
+
+def test_dagger_relabels_a_state_policy_with_its_scene_state(trained, state_dataset):
+    from robopolicy.refine import dagger
+
+    policy = Policy.load(trained.final)
+    env = gymnasium.make(PP, use_cameras=False, env_state=True)
+    obs, _ = env.reset(seed=1)
+    frames = [{"obs": obs, "future": np.zeros((2, 6), np.float32), "label": np.zeros(6, np.float32)}] * 3
+    batch = dagger.make_batch(frames, policy)
+    assert batch[ENV_STATE].shape == (3, 33) and batch["action"].shape == (3, 4, 6)
+    assert torch.isfinite(policy.losses(batch, {"action": 1.0})["total"])
+    cfg = dagger.DAggerConfig(original=str(state_dataset), original_action="oracle.action", original_episodes=[0, 1])
+    original = dagger.original_dataset(cfg, policy)
+    assert len(original.episodes) == 2
+    mixed = dagger._mix(batch, original, 2, __import__("random").Random(0))
+    assert mixed[ENV_STATE].shape == (5, 33)
+    assert torch.isfinite(policy.losses(mixed, {"action": 1.0})["total"])
