@@ -227,9 +227,11 @@ def train_ours(cfg: BenchConfig, root: Path) -> dict[str, Any]:
         "name": "vs_lerobot", "out": str(Path(cfg.out_dir) / "ours"), "overwrite": True, "progress": False,
         "batch_size": cfg.batch_size, "save_every": 0, "log_every": 20, "threads": cfg.threads,
         "data": {"dataset": str(root), "features": {"cameras": [cfg.camera]}},
-        "model": {"head": "chunk_l1", "horizon": 16, "context_strides": [0],
-                  "encoders": [{"name": "resnet18", "image_size": cfg.image_size, "frozen": True}],
-                  "language": {"enabled": False}, "d_model": 128, "n_heads": 4, "n_layers": 2},
+        # the shipped arm recipe (configs/train/arm_chunk_l1.yaml) without language: ResNet-18 read
+        # at layer2 (stride 8) on a 6x6 grid, where ACT runs the whole ResNet-18 and a 512-d transformer
+        "model": {"head": "chunk_l1", "horizon": 16, "context_strides": [0], "grid": 6,
+                  "encoders": [{"name": "resnet18", "image_size": cfg.image_size, "frozen": True, "stage": 2}],
+                  "language": {"enabled": False}, "d_model": 128, "n_heads": 4, "n_layers": 3},
     }
     data = deep_merge(base, cfg.ours)
     t_start = time.perf_counter()
