@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     print(f"\n| residual log-std | success ({cfg.episodes} episodes) | vs base |\n|---|---:|---:|")
     for name, sr in rows:
         print(f"| {name} | {sr:.0%} | {sr / base:.2f}x |" if base > 0 else f"| {name} | {sr:.0%} | — |")
-    print(f"\nbase {cfg.base}: {base:.0%} without noise; scale {policy.step_scale.tolist()}")
+    print(f"\nbase {cfg.base}: {base:.0%} without noise; residual scale {[round(v, 3) for v in policy.step_scale.tolist()]}")
     return 0
 
 
