@@ -243,3 +243,37 @@ def test_evaluation_seeds_each_episode_as_robopolicy_eval_does():
     one = run(1, 7)
     assert run(2, 7) == one
     assert run(1, 8)[:2] == one[1:]
+
+
+def test_held_exploration_noise_repeats_within_each_hold(tmp_path, monkeypatch):
+    from robopolicy.refine import residual_ppo
+
+    actions = []
+    real = residual_ppo.make_vector_envs
+
+    def recording(*args, **kwargs):
+        envs = real(*args, **kwargs)
+        step = envs.step
+
+        def logged(action):
+            actions.append(np.array(action))
+            return step(action)
+        envs.step = logged
+        return envs
+
+    monkeypatch.setattr(residual_ppo, "make_vector_envs", recording)
+    env = EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False, "max_steps": 50})
+    cfg = residual_ppo.ResidualPPOConfig(env=env, residual=ResidualConfig(inputs=["state"], hidden=[16], log_std=-1.0),
+                                         total_env_steps=12, num_envs=1, num_steps=12, update_epochs=1,
+                                         eval_episodes=1, eval_envs=1, noise_hold=4, out_dir=str(tmp_path / "ppo"),
+                                         progress=False)
+    summary = residual_ppo.train(cfg, log=lambda s: None)
+    # the actor's last layer starts at zero: before the first update every action is pure noise
+    a = np.concatenate(actions)
+    assert a.shape == (12, 6)
+    for start in (0, 4, 8):
+        np.testing.assert_allclose(a[start:start + 4], np.repeat(a[start:start + 1], 4, 0))
+    assert not np.allclose(a[0], a[4]) and not np.allclose(a[4], a[8])
+    assert isinstance(load_any_policy(summary["checkpoint"]), ResidualPolicy)
+    with pytest.raises(ValueError, match="noise_hold must be >= 1"):
+        residual_ppo.ResidualPPOConfig(env=env, noise_hold=0)

@@ -53,6 +53,10 @@ class ResidualPPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 1.0
     reward_clip: float = 5.0
+    noise_hold: int = 1
+    """Hold each env's exploration noise for this many steps (1: a fresh sample every step, as
+    ResiP). The likelihood stays the per-step Gaussian; held noise (e.g. over the 8 executed steps
+    of a chunk) moves the arm coherently, so noise small enough for the base still changes outcomes."""
     eval_every: int = 4_000
     """Evaluate every this many env steps (and before training, and at the end)."""
     eval_episodes: int = 20
@@ -62,6 +66,10 @@ class ResidualPPOConfig:
     threads: int = 1
     out_dir: str = "outputs/refine/residual_ppo"
     progress: bool = True
+
+    def __post_init__(self):
+        if self.noise_hold < 1:
+            raise ValueError(f"noise_hold must be >= 1, got {self.noise_hold}")
 
 
 def env_kwargs(cfg: ResidualPPOConfig) -> dict:
@@ -118,6 +126,8 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     r_buf, logp_buf = torch.zeros(T, n, a_dim), torch.zeros(T, n)
     rew_buf, done_buf, val_buf = torch.zeros(T, n), torch.zeros(T, n), torch.zeros(T, n)
     scaler = RewardScaler(n, cfg.gamma, cfg.reward_clip)
+    noise = torch.zeros(n, a_dim)
+    since = np.zeros(n, dtype=np.int64)  # steps since each env's noise was drawn (0: draw now)
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
     policy.reset()
     env_steps, next_eval, episodes, successes = 0, cfg.eval_every, 0, 0
@@ -131,7 +141,10 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                     policy.norm.update(x)
                     x = policy.norm(x)
                     dist = policy.dist(x)
-                    r = dist.sample()
+                    fresh = torch.as_tensor(since % cfg.noise_hold == 0)
+                    noise[fresh] = torch.randn(int(fresh.sum()), a_dim)
+                    since += 1
+                    r = dist.mean + dist.stddev * noise
                     action = policy.env_action(base_norm, r)
                     x_buf[t], r_buf[t], logp_buf[t] = x, r, dist.log_prob(r).sum(-1)
                     val_buf[t] = policy.value(x)
@@ -142,6 +155,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                     if done.any():
                         rows = [int(i) for i in np.flatnonzero(done)]
                         policy.reset(rows)
+                        since[rows] = 0
                         episodes += len(rows)
                         successes += int(np.asarray(info["final_info"].get("is_success", np.zeros(n)))[rows].sum())
                 env_steps += T * n
