@@ -22,6 +22,7 @@ import numpy as np
 
 # --- LeRobot's own keys -------------------------------------------------------------------
 STATE = "observation.state"
+ENV_STATE = "observation.environment_state"  # float32 (E,): low-dimensional scene state (arm envs' env_state=true)
 IMAGE_PREFIX = "observation.images."
 ACTION = "action"
 TASK = "task"

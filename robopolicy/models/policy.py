@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robopolicy.config import ConfigError, build, load_yaml, to_dict
+from robopolicy.data.features import ENV_STATE
 from robopolicy.models.backbone import FusionTransformer
 from robopolicy.models.encoders import EncoderConfig, FusedVisionEncoder
 from robopolicy.models.heads import AlignHead, ChunkL1Head, FlowChunkHead, GroundingHead, LocateHead, WaypointHead
@@ -51,7 +52,6 @@ from robopolicy.utils.files import atomic_directory
 
 IMAGE_PREFIX = "observation.images."
 STATE = "observation.state"
-ENV_STATE = "observation.environment_state"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FORMAT = 1
@@ -140,7 +140,6 @@ class Normalizer(nn.Module):
                  stats: Mapping[str, Mapping[str, Any]] | None = None, env_state_dim: int = 0):
         super().__init__()
         self.mode = mode
-        self.has_state = state_dim > 0
         self.entries = [("action", "action", tuple(action_shape))]
         if state_dim > 0:
             self.entries.append(("state", STATE, (state_dim,)))
@@ -504,7 +503,7 @@ class Policy(nn.Module):
                 b = next(v for v in got if v is not None).shape[0]
             for v, key in ((state, STATE), (env_state, ENV_STATE)):
                 if v is not None and v.shape[0] != b:
-                    raise PolicyError(f"{key}: batch of {v.shape[0]}, the cameras give {b}")
+                    raise PolicyError(f"{key}: batch of {v.shape[0]}, the rest of the observation has {b}")
             tasks = None
             if self.language is not None:
                 if "task" not in obs:

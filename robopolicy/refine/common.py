@@ -18,11 +18,10 @@ from typing import Callable, Sequence
 import gymnasium
 import numpy as np
 
+from robopolicy.data.features import ENV_STATE  # the privileged scene state RefineEnv adds
 from robopolicy.envs import EnvConfig, make_env
 from sim_envs.person_follow.metrics import summarize_episodes
 
-ENV_STATE = "observation.environment_state"
-"""Privileged low-dimensional scene state (object and target positions) added by :class:`RefineEnv`."""
 
 
 def privileged_state(env: gymnasium.Env, info: dict) -> np.ndarray:

@@ -13,7 +13,7 @@ to [-1, 1]. The residual's input is the concatenation of the chosen ``inputs``:
 - ``state``: ``observation.state (D,)``;
 - ``features``: the base's fused memory, mean-pooled ``(d_model,)``, from its latest prediction;
 - ``base_action``: the current base action, normalized ``(A,)``;
-- ``environment_state``: privileged scene state (simulation only; see ``common.ENV_STATE``).
+- ``environment_state``: privileged scene state (simulation only; ``observation.environment_state``).
 
 Inputs are standardized by running statistics (buffers, saved with the residual). The last actor
 layer starts at zero, so an untrained residual reproduces the base exactly. Without a base
@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from robopolicy.config import build, load_yaml, to_dict
+from robopolicy.data.features import ENV_STATE
 from robopolicy.models.policy import STATE, Policy, PolicyError
 from robopolicy.utils.files import atomic_directory
 
@@ -39,7 +40,6 @@ RESIDUAL_CONFIG = "residual.yaml"
 RESIDUAL_WEIGHTS = "residual.safetensors"
 BASE_DIR = "base"
 INPUTS = ("state", "features", "base_action", "environment_state")
-ENV_STATE = "observation.environment_state"
 
 
 @dataclass
