@@ -50,7 +50,13 @@ def node_episode(args, seed: int, endpoint: str, max_s: float) -> dict:
     from robopolicy.deploy.run import RunConfig, build_node
 
     robot = load_yaml(args.robot)
-    robot["driver"]["kwargs"].update({"env_id": args.env, "seed": seed})
+    kw = robot["driver"]["kwargs"]
+    kw.update({"env_id": args.env, "seed": seed})
+    cams, scene = args.needs  # a state-based checkpoint: no cameras, the scene state on
+    if not cams:
+        kw["cameras"] = False
+    if scene:
+        kw["env_kwargs"] = {**(kw.get("env_kwargs") or {}), "env_state": True}
     robot["transport"] = {**robot.get("transport", {}), "endpoint": endpoint, "spawn_worker": False}
     cfg = build(RunConfig, {"robot": robot, "policy": args.checkpoint, "status": False}, args.robot)
     driver, node = build_node(cfg)
@@ -105,8 +111,11 @@ def main() -> None:
 
     import sim_envs  # noqa: F401
 
+    from robopolicy.eval.rollout import observation_needs
+    from robopolicy.refine.residual import load_any_policy
     from sim_envs.arm import so101
 
+    args.needs = observation_needs(load_any_policy(args.checkpoint))
     env = gymnasium.make(args.env, use_cameras=False)
     max_s = float(env.unwrapped.max_episode_steps) * so101.CONTROL_DT  # the env's own time limit
     env.close()

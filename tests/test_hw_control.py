@@ -201,6 +201,26 @@ def test_command_timeout_faults_when_the_source_goes_quiet():
         node.close()
 
 
+def test_a_first_chunk_late_in_full_waits_for_the_next_instead_of_timing_out():
+    """A cold worker's first chunk can arrive after all its steps are due: no command yet, so the
+    startup allowance (not the command timeout) still applies and the next chunk takes over."""
+    drv = PointDriver()
+    src = ScriptSource(_moving)
+    real_submit, calls = src.submit, []
+
+    def submit(obs, t_obs):
+        calls.append(t_obs)
+        real_submit(obs, t_obs - 5.0 if len(calls) == 1 else t_obs)  # the first one: 5 s stale
+    src.submit = submit
+    node = _node(drv, src, command_timeout=0.1)
+    try:
+        assert wait_for(lambda: drv.writes > 20 and len(calls) > 3)
+        assert node.fault is None
+        assert node.scheduler.dropped_chunks >= 1
+    finally:
+        node.close()
+
+
 def test_timing_is_recorded_with_real_timestamps(moving_node):
     node, drv, _ = moving_node
     time.sleep(0.2)

@@ -258,7 +258,9 @@ class ControlNode:
                     except ValueError as exc:
                         self._trip("bad_chunk", str(exc))
                         break
-                    self._got_first_chunk = True
+                    # a first chunk that was late in full (a cold worker) gives no command yet:
+                    # the startup allowance, not the command timeout, still applies
+                    self._got_first_chunk = self._got_first_chunk or math.isfinite(self.scheduler.last_fresh)
                     self.last_chunk_t_obs = chunk.t_obs
 
         # 4. command

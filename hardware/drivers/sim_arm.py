@@ -24,7 +24,9 @@ class SimArmProgram:
     """The arm simulation, run in the simulation process (see :class:`~hardware.drivers.sim_process.SimProgram`).
 
     Info: ``task`` (the instruction) and, when the env can tell, ``is_success`` / ``task_distance``
-    of the current state, refreshed with the images.
+    of the current state, refreshed with the images; with ``env_kwargs["env_state"]`` also
+    ``environment_state``: the task's low-dimensional scene state (what a motion-capture system
+    would report), at the camera rate.
     """
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], seed: int, cameras: tuple[str, ...],
@@ -81,6 +83,8 @@ class SimArmProgram:
                     self._renderer.update_scene(d, camera=cam)
                     images[f"observation.images.{cam}"] = self._renderer.render()
             info = {"task": self.instruction, **self._task_info()}
+            if self.env_kwargs.get("env_state"):
+                info["environment_state"] = self.env.unwrapped.environment_state().tolist()
         return self._state(), images, info
 
     def _task_info(self) -> dict[str, Any]:
@@ -187,6 +191,8 @@ class SimArmDriver:
         snap = self._sim.latest()
         self._last_state = snap.state
         obs: dict[str, Any] = {"observation.state": snap.state, **snap.images}
+        if "environment_state" in snap.info:  # env_kwargs env_state=true: a state-based policy reads it
+            obs["observation.environment_state"] = np.asarray(snap.info["environment_state"], np.float32)
         obs["task"] = self.instruction
         return obs
 
