@@ -150,7 +150,8 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                         stop = True
                         break
                     v_loss = 0.5 * (student.value(b_x[idx]) - b_ret[idx]).pow(2).mean()
-                    bc_loss = (dist.mean.clamp(-1, 1) - b_teach[idx]).pow(2).sum(-1).mean()
+                    # unclamped: a clamped mean outside the box would get no gradient back toward the teacher
+                    bc_loss = (dist.mean - b_teach[idx]).pow(2).sum(-1).mean()
                     opt_a.zero_grad()
                     opt_c.zero_grad()
                     (pg + cfg.vf_coef * v_loss + bc * bc_loss).backward()
