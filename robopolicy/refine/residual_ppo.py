@@ -55,8 +55,9 @@ class ResidualPPOConfig:
     reward_clip: float = 5.0
     noise_hold: int = 1
     """Hold each env's exploration noise for this many steps (1: a fresh sample every step, as
-    ResiP). The likelihood stays the per-step Gaussian; held noise (e.g. over the 8 executed steps
-    of a chunk) moves the arm coherently, so noise small enough for the base still changes outcomes."""
+    ResiP). The likelihood stays the per-step Gaussian. Held noise (e.g. over the 8 executed steps
+    of a chunk) moves the arm coherently; on the state-based PickPlace base it did worse than
+    per-step noise (README, refinement table)."""
     eval_every: int = 4_000
     """Evaluate every this many env steps (and before training, and at the end)."""
     eval_episodes: int = 20

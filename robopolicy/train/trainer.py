@@ -229,12 +229,8 @@ def model_config_for(cfg: PolicyConfig, ds: TrainingDataset, env_state: str | No
         raise PolicyError(f"dataset {ds.root} has no camera the policy could use (and the policy reads no "
                           f"state: set data.features.env_state or model.use_state)")
     stats = ds.stats
-    env_state_dim = 0
-    if env_state:
-        if env_state not in stats:
-            raise PolicyError(f"data.features.env_state is {env_state!r} but dataset {ds.root} has no such "
-                              f"feature (collect with the env's env_state=true)")
-        env_state_dim = int(np.asarray(stats[env_state]["mean"]).size)
+    # build_dataset loads env_state as a label, so a missing feature has been named there already
+    env_state_dim = int(np.asarray(stats[env_state]["mean"]).size) if env_state else 0
     if "action" not in stats:
         raise PolicyError(f"dataset {ds.root} has no statistics for {ds.action_key!r}")
     action_shape = list(np.asarray(stats["action"]["mean"]).shape)
