@@ -1,14 +1,23 @@
-"""One arm checkpoint, the same seeds, two ways: the gymnasium evaluation vs the real-time node.
+"""One checkpoint, the same seeds, two ways: the gymnasium evaluation vs the real-time node.
 
-Gym: ``robopolicy.eval.evaluate`` steps ``ArmPickPlace-v0`` (or any arm task) synchronously, one
-chunk step per env step. Node: the same scenes (env seed = episode seed) in ``SimArmDriver``,
-simulated in real time in its own process, driven by the ``ControlNode`` at 500 Hz from a policy
-worker process over the ZeroMQ link: chunks are latency-compensated, ensembled and interpolated
-exactly as on hardware. An episode succeeds when the task's success condition holds for
-``--hold`` seconds before ``max_steps * dt`` of wall time has passed.
+Gym: ``robopolicy.eval.evaluate`` steps the env synchronously, one chunk step (arm) or one
+waypoint decision (base) per env step. Node: the same scenes (env seed = episode seed) in the
+simulated driver, stepped in real time in its own process, driven by the ``ControlNode`` from a
+policy worker process over the ZeroMQ link, exactly as on hardware.
+
+Arm (``ArmPickPlace-v0`` or any arm task, ``SimArmDriver`` at 500 Hz): chunks are
+latency-compensated, ensembled and interpolated; an episode succeeds when the task's success
+condition holds for ``--hold`` seconds before ``max_steps * dt`` of wall time has passed.
+
+Base (``PersonFollow-v0``, ``--split``, ``SimBaseDriver`` at 50 Hz): the worker's waypoints are
+followed by pure pursuit at the control rate while the people walk on in real time; the episode
+ends as the env ends it (success, collision, target lost, time limit) and its success, tracking
+rate and collision come from the env's own episode metrics, as in the gymnasium evaluation.
 
     python bench/node_vs_gym.py --checkpoint outputs/train/arm_chunk_l1/final \
         --env robopolicy/ArmPickPlace-v0 --episodes 20
+    python bench/node_vs_gym.py --checkpoint outputs/train/track_stage3/final \
+        --env robopolicy/PersonFollow-v0 --split dt --episodes 60
 
 The issue's goal: the node's success rate within 5 points of the gymnasium evaluation.
 """
@@ -40,9 +49,20 @@ def gym_eval(args) -> list[bool]:
     cfg = EvalConfig(checkpoint=args.checkpoint, env=EnvConfig(args.env), episodes=args.episodes,
                      workers=args.workers, seed=args.seed, videos=0, threads=1, progress=True,
                      out_dir=str(Path(args.out) / "gym"))
-    cfg.chunk.mode = args.chunk_mode
+    if args.base:
+        cfg.splits = [args.split]
+    else:
+        cfg.chunk.mode = args.chunk_mode
     report = evaluate(policy, cfg)
-    return [bool(e.get("success")) for e in report.splits[0].episodes]
+    return [_metrics(e.get("episode_metrics") or e) for e in report.splits[0].episodes]
+
+
+def _metrics(m: dict) -> dict:
+    """success (+ tracking rate and collision for tracking episodes) of one episode."""
+    out = {"success": bool(m.get("success"))}
+    if "tracking_rate" in m:
+        out.update(tracking_rate=float(m["tracking_rate"]), collision=bool(m.get("collision")))
+    return out
 
 
 def node_episode(args, seed: int, endpoint: str, max_s: float) -> dict:
@@ -52,6 +72,8 @@ def node_episode(args, seed: int, endpoint: str, max_s: float) -> dict:
     robot = load_yaml(args.robot)
     kw = robot["driver"]["kwargs"]
     kw.update({"env_id": args.env, "seed": seed})
+    if args.base:
+        return _base_episode(args, robot, seed, endpoint, max_s)
     cams, scene = args.needs  # a state-based checkpoint: no cameras, the scene state on
     if not cams:
         kw["cameras"] = False
@@ -91,11 +113,52 @@ def node_episode(args, seed: int, endpoint: str, max_s: float) -> dict:
             "p99_lateness_us": timing["lateness_us"]["p99"], "missed": timing["missed_deadlines"]}
 
 
+def _base_episode(args, robot: dict, seed: int, endpoint: str, max_s: float) -> dict:
+    """One PersonFollow episode on ``SimBaseDriver``: it runs from ``connect()`` (the people walk
+    from then on, as they would for a real robot) until the env ends it."""
+    from robopolicy.config import build
+    from robopolicy.deploy.run import RunConfig, build_node
+
+    kw = robot["driver"]["kwargs"]
+    kw["env_kwargs"] = {**(kw.get("env_kwargs") or {}), "split": args.split}
+    kw["auto_reset"] = False
+    robot["transport"] = {**robot.get("transport", {}), "endpoint": endpoint, "spawn_worker": False}
+    cfg = build(RunConfig, {"robot": robot, "policy": args.checkpoint, "status": False}, args.robot)
+    driver, node = build_node(cfg)
+    driver.connect()
+    t0 = time.monotonic()
+    fault, metrics, first_chunk_s = None, None, None
+    try:
+        node.start()
+        while time.monotonic() - t0 < max_s + args.startup_s:
+            time.sleep(0.01)
+            if first_chunk_s is None and node._got_first_chunk:
+                first_chunk_s = time.monotonic() - t0
+            if node.fault is not None:
+                fault = f"{node.fault.code}: {node.fault.reason}"
+                break
+            episodes = driver.task_info()["episodes"]
+            if episodes:
+                metrics = episodes[0]
+                break
+        timing = node.report()["timing"]
+    finally:
+        node.close()
+        driver.disconnect()
+    row = _metrics(metrics or {})
+    row.update(seed=seed, fault=fault, finished=metrics is not None, seconds=time.monotonic() - t0,
+               first_chunk_s=first_chunk_s, p99_lateness_us=timing["lateness_us"]["p99"],
+               missed=timing["missed_deadlines"])
+    return row
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--env", default="robopolicy/ArmPickPlace-v0")
-    p.add_argument("--robot", default="configs/robots/sim_arm.yaml")
+    p.add_argument("--robot", default=None, help="default: configs/robots/sim_base.yaml for PersonFollow, "
+                   "else configs/robots/sim_arm.yaml")
+    p.add_argument("--split", default="dt", help="PersonFollow split")
     p.add_argument("--episodes", type=int, default=20)
     p.add_argument("--seed", type=int, default=100_000)
     p.add_argument("--workers", type=int, default=2, help="env workers of the gym evaluation")
@@ -106,6 +169,9 @@ def main() -> None:
     p.add_argument("--skip-gym", action="store_true")
     p.add_argument("--out", default="outputs/bench/node_vs_gym")
     args = p.parse_args()
+    args.base = "PersonFollow" in args.env
+    if args.robot is None:
+        args.robot = f"configs/robots/{'sim_base' if args.base else 'sim_arm'}.yaml"
 
     import gymnasium
 
@@ -116,8 +182,14 @@ def main() -> None:
     from sim_envs.arm import so101
 
     args.needs = observation_needs(load_any_policy(args.checkpoint))
-    env = gymnasium.make(args.env, use_cameras=False)
-    max_s = float(env.unwrapped.max_episode_steps) * so101.CONTROL_DT  # the env's own time limit
+    if args.base:
+        from sim_envs.person_follow import env as pf_env
+
+        env = gymnasium.make(args.env, camera=False)
+        max_s = float(env.unwrapped.max_steps) * pf_env.DT
+    else:
+        env = gymnasium.make(args.env, use_cameras=False)
+        max_s = float(env.unwrapped.max_episode_steps) * so101.CONTROL_DT  # the env's own time limit
     env.close()
 
     gym = None if args.skip_gym else gym_eval(args)
@@ -130,7 +202,8 @@ def main() -> None:
             for i in range(args.episodes):
                 row = node_episode(args, args.seed + i, endpoint, max_s)
                 rows.append(row)
-                print(f"[node] seed {row['seed']}: {'success' if row['success'] else 'fail'} "
+                extra = f", TR {row['tracking_rate']:.2f}, collision {row['collision']}" if "tracking_rate" in row else ""
+                print(f"[node] seed {row['seed']}: {'success' if row['success'] else 'fail'}{extra} "
                       f"({row['seconds']:.1f}s, p99 late {row['p99_lateness_us']:.0f} us, missed {row['missed']}"
                       f"{', fault ' + row['fault'] if row['fault'] else ''})", flush=True)
         finally:
@@ -141,14 +214,28 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     result = {"checkpoint": args.checkpoint, "env": args.env, "seeds": [args.seed, args.seed + args.episodes - 1],
               "node": rows, "node_success": node_sr}
-    print(f"\n| path | episodes | success |\n|------|----------|---------|")
+    if args.base:
+        result["split"] = args.split
+    table = [("gymnasium eval", gym)] if gym is not None else []
+    table.append(("control node, real time", rows))
+    if args.base:
+        print("\n| path | episodes | SR | TR | CR |\n|------|----------|----|----|----|")
+    else:
+        print("\n| path | episodes | success |\n|------|----------|---------|")
+    for name, eps in table:
+        sr = 100 * np.mean([e["success"] for e in eps])
+        if args.base:
+            tr = 100 * np.mean([e.get("tracking_rate", 0.0) for e in eps])
+            cr = 100 * np.mean([e.get("collision", False) for e in eps])
+            print(f"| {name} | {len(eps)} | {sr:.1f}% | {tr:.1f}% | {cr:.1f}% |")
+        else:
+            print(f"| {name} | {len(eps)} | {sr:.0f}% |")
     if gym is not None:
         result["gym"] = gym
-        result["gym_success"] = float(np.mean(gym))
-        print(f"| gymnasium eval | {len(gym)} | {100 * np.mean(gym):.0f}% |")
-    print(f"| control node, real time | {len(rows)} | {100 * node_sr:.0f}% |")
-    if gym is not None:
-        print(f"difference: {100 * (node_sr - np.mean(gym)):+.0f} pts (goal: within 5)")
+        result["gym_success"] = float(np.mean([e["success"] for e in gym]))
+        both = sum(g["success"] and r["success"] for g, r in zip(gym, rows))
+        print(f"difference: {100 * (node_sr - result['gym_success']):+.1f} pts (goal: within 5); "
+              f"{both} succeed both ways")
     (out / "node_vs_gym.json").write_text(json.dumps(result, indent=2))
 
 

@@ -271,6 +271,32 @@ def test_save_load_roundtrip_and_stats_inside(tmp_path):
     assert torch.allclose(a, b)
 
 
+def test_a_checkpoint_from_before_a_config_field_existed_still_loads(tmp_path):
+    """Weights whose recorded config lacks a field added later load with that field's default;
+    a recorded value that differs from the config file is still refused."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    pol = Policy(tiny_config(), tiny_stats())
+    pol.save(tmp_path / "a")
+    weights = tmp_path / "a" / "model.safetensors"
+    with safe_open(str(weights), framework="pt", device="cpu") as f:
+        meta = dict(f.metadata())
+    recorded = json.loads(meta["policy_config"])
+    assert recorded.pop("env_state_dim") == 0  # written before the scene-state input existed
+    recorded["language"].pop("tokens")
+    tensors = load_file(str(weights))
+    save_file(tensors, str(weights), metadata={**meta, "policy_config": json.dumps(recorded)})
+    back = Policy.load(tmp_path / "a")
+    assert back.config.env_state_dim == 0
+    recorded["d_model"] = 64
+    save_file(tensors, str(weights), metadata={**meta, "policy_config": json.dumps(recorded)})
+    with pytest.raises(PolicyError, match=r"another config.*model\.d_model: 64 vs 32"):
+        Policy.load(tmp_path / "a")
+
+
 def test_bad_checkpoints_give_clear_errors(tmp_path):
     pol = Policy(tiny_config(), tiny_stats())
     pol.save(tmp_path / "a")

@@ -586,7 +586,13 @@ class Policy(nn.Module):
         """Rebuild a policy saved with :meth:`save`; mismatches name the config keys or tensors."""
         config, state, saved = cls.read_checkpoint(directory)
         if saved:
-            diff = _config_diff(saved, json.loads(json.dumps(to_dict(config))))
+            # a checkpoint written before a config field existed has no entry for it: the field's
+            # default (the behaviour it was trained with) stands in, so older checkpoints still load
+            try:
+                saved = to_dict(build(PolicyConfig, saved, source=str(Path(directory) / WEIGHTS_FILE), prefix="policy."))
+            except ConfigError:
+                pass  # a key this version does not know: the comparison below names it
+            diff = _config_diff(json.loads(json.dumps(saved)), json.loads(json.dumps(to_dict(config))))
             if diff:
                 raise PolicyError(f"{Path(directory) / WEIGHTS_FILE} was saved with another config than "
                                   f"{Path(directory) / CONFIG_FILE}: " + "; ".join(diff[:5]))
