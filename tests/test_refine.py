@@ -277,3 +277,80 @@ def test_held_exploration_noise_repeats_within_each_hold(tmp_path, monkeypatch):
     assert isinstance(load_any_policy(summary["checkpoint"]), ResidualPolicy)
     with pytest.raises(ValueError, match="noise_hold must be >= 1"):
         residual_ppo.ResidualPPOConfig(env=env, noise_hold=0)
+
+
+def test_chunk_actor_predicts_chunks_round_trips_and_runs_in_eval(tmp_path):
+    with pytest.raises(PolicyError, match="without a base"):
+        ResidualPolicy(ResidualConfig(chunk=4), LOW, HIGH, base=tiny_base())
+    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[16], chunk=4), LOW, HIGH, state_dim=6)
+    torch.nn.init.normal_(policy.actor[-1].weight, std=0.1)
+    obs = obs_batch(3)
+    chunk = policy.predict(obs)
+    assert chunk.shape == (3, 4, 6) and policy.horizon == 4
+    assert not torch.allclose(chunk[:, 0], chunk[:, 1])  # four different actions, not one repeated
+    x = policy.norm(policy.residual_input(obs)[0])
+    assert policy.dist(x).mean.shape == (3, 24)
+    loaded = load_any_policy(policy.save(tmp_path / "chunk"))
+    torch.testing.assert_close(loaded.predict(obs), chunk)
+
+    from robopolicy.eval import EvalConfig, evaluate
+
+    report = evaluate(loaded, EvalConfig(env=EnvConfig("robopolicy/ArmReach-v0", {"max_steps": 8, "use_cameras": False}),
+                                         episodes=2, workers=1, videos=0, progress=False), log=lambda s: None, save=False)
+    split = report.splits[0]
+    assert split.env_steps == 16 and split.policy_calls == 4  # each chunk runs in full: 2 per 8-step episode
+
+
+def test_smdp_gae_is_per_step_gae_for_one_step_decisions_and_discounts_chunks():
+    from robopolicy.refine.rpd import _smdp_gae
+
+    rng = np.random.default_rng(0)
+    T, gamma, lam = 6, 0.9, 0.8
+    rew, val = rng.normal(size=(T, 1)), rng.normal(size=(T, 1))
+    dones = np.zeros((T, 1))
+    dones[2] = 1
+    last = 0.7
+    ref_adv, ref_ret = gae(torch.tensor(rew, dtype=torch.float32), torch.tensor(val, dtype=torch.float32),
+                           torch.tensor(dones, dtype=torch.float32), torch.tensor([last], dtype=torch.float32),
+                           gamma, lam)
+    recs = [[{"R": float(rew[t, 0]), "g": gamma, "v": float(val[t, 0]), "done": bool(dones[t, 0])} for t in range(T)]]
+    _, adv, ret = _smdp_gae(recs, {0: last}, lam)
+    torch.testing.assert_close(adv, ref_adv[:, 0])
+    torch.testing.assert_close(ret, ref_ret[:, 0])
+    # one 3-step chunk (rewards 1, 0, 2), then the value 5 after it: with lambda 1 the advantage is
+    # the discounted return minus the value at the decision
+    rec = {"R": 1 + gamma**2 * 2, "g": gamma**3, "v": 0.5, "done": False}
+    _, adv, _ = _smdp_gae([[rec]], {0: 5.0}, 1.0)
+    assert adv.item() == pytest.approx(1 + gamma**2 * 2 + gamma**3 * 5 - 0.5, rel=1e-6)
+
+
+def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
+    from robopolicy.refine import rpd
+    from sim_envs.arm import so101
+
+    env = EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False, "max_steps": 20})
+    torch.manual_seed(0)
+    cfg = PolicyConfig(head="chunk_l1", cameras=[], use_state=True, context_strides=[0], horizon=6,
+                       language=LanguageConfig(enabled=False), d_model=16, n_heads=2, n_layers=1, head_layers=1,
+                       action_shape=[6], state_dim=6)
+    mid = ((so101.JOINT_LOW + so101.JOINT_HIGH) / 2).astype(np.float32)
+    half = ((so101.JOINT_HIGH - so101.JOINT_LOW) / 2).astype(np.float32)
+    stats = {"action": {"mean": mid + 0.3 * half, "std": np.full(6, 1e-3, np.float32)},
+             "observation.state": {"mean": np.zeros(6, np.float32), "std": np.ones(6, np.float32)}}
+    teacher = Policy(cfg, {k: {**v, **{s: v["mean"] for s in ("min", "max", "q01", "q99")}} for k, v in stats.items()})
+    student = ResidualConfig(inputs=["state", "environment_state"], hidden=[32], log_std=-2.0, chunk=4)
+    rcfg = rpd.RPDConfig(env=env, total_env_steps=512, num_envs=1, num_steps=128, update_epochs=20, minibatches=2,
+                         actor_lr=3e-3, bc_weight=10.0, target_kl=1e3, eval_every=10_000, eval_episodes=1, eval_envs=1,
+                         out_dir=str(tmp_path / "rpd"), progress=False, student=student)
+    summary = rpd.train(rcfg, teacher=teacher.eval(), log=lambda s: None)
+    learned = load_any_policy(summary["checkpoint"])
+    assert learned.horizon == 4
+    obs = {"observation.state": np.zeros((2, 6), np.float32),
+           "observation.environment_state": np.zeros((2, 17), np.float32)}
+    target = teacher.predict(obs)[:, :4]  # ~ mid + 0.3 * half on every step (std 1e-3 squeezes the head)
+    # untrained: the box centre (0.3 half-ranges away); BC brings the whole chunk most of the way
+    err = ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean()
+    assert err < 0.1
+    with pytest.raises(PolicyError, match="chunk policy checkpoint"):
+        rpd.train(rcfg, teacher=ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8]), so101.JOINT_LOW,
+                                               so101.JOINT_HIGH, state_dim=6), log=lambda s: None)

@@ -18,7 +18,9 @@ to [-1, 1]. The residual's input is the concatenation of the chosen ``inputs``:
 Inputs are standardized by running statistics (buffers, saved with the residual). The last actor
 layer starts at zero, so an untrained residual reproduces the base exactly. Without a base
 (``base=None``) the same module is a plain actor-critic over the whole action (PPO from scratch,
-or a compact RPD student): ``norm(a_base)`` is 0 and ``scale`` is 1.
+or a compact RPD student): ``norm(a_base)`` is 0 and ``scale`` is 1. Such an actor may output a
+chunk (``chunk`` > 1): ``chunk`` actions per decision, executed open loop, ``predict`` then
+returning ``(B, chunk, A)`` like any chunk policy.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class ResidualConfig:
     """Train the log-std (ResiP keeps it fixed)."""
     execute_steps: int = 8
     """Actions executed from each base chunk before the base is asked again (ResiP: 8 of 32)."""
+    chunk: int = 1
+    """Without a base only: actions per decision. The actor outputs ``chunk`` actions at once,
+    executed open loop (a compact chunk policy, e.g. an RPD student of a chunk teacher whose
+    own actions depend on where in its chunk it is); 1: a per-step policy."""
 
     def __post_init__(self):
         bad = [i for i in self.inputs if i not in INPUTS]
@@ -69,6 +75,8 @@ class ResidualConfig:
             raise ValueError(f"residual.inputs: unknown {bad} (choose from {list(INPUTS)})")
         if self.execute_steps < 1:
             raise ValueError("residual.execute_steps must be >= 1")
+        if self.chunk < 1:
+            raise ValueError("residual.chunk must be >= 1")
         if any(not (np.isfinite(v) and v >= 0) for v in [self.scale, *self.scale_per_dim]):
             raise ValueError("residual.scale and residual.scale_per_dim must be finite and >= 0")
 
@@ -126,6 +134,9 @@ class ResidualPolicy(nn.Module):
                 raise PolicyError(f"the base policy predicts {base.config.action_shape[-1]}-D actions but the env takes "
                                   f"{len(action_low)}-D actions: wrong base checkpoint for this env")
             state_dim = base.config.state_dim or state_dim
+            if config.chunk != 1:
+                raise PolicyError("residual.chunk > 1 is for a policy without a base (the residual corrects "
+                                  "every executed base action)")
         else:
             bad = [i for i in config.inputs if i in ("features", "base_action")]
             if bad:
@@ -147,7 +158,7 @@ class ResidualPolicy(nn.Module):
         self.input_dims = {k: int(dims[k]) for k in config.inputs}
         d_in = sum(self.input_dims.values())
         self.norm = RunningNorm(d_in)
-        self.actor = mlp([d_in, *config.hidden, a], zero_last=True)
+        self.actor = mlp([d_in, *config.hidden, a * config.chunk], zero_last=True)
         self.critic = mlp([d_in, *config.hidden, 1])
         self.log_std = nn.Parameter(torch.full((a,), float(config.log_std)), requires_grad=config.learn_std)
         if config.scale_per_dim and len(config.scale_per_dim) != a:
@@ -161,7 +172,8 @@ class ResidualPolicy(nn.Module):
     # ------------------------------------------------------------------ eval / run surface
     @property
     def horizon(self) -> int:
-        return 1
+        """Actions per ``predict``: 1 (a per-step policy, or base + residual), or ``chunk``."""
+        return int(self.config.chunk)
 
     @property
     def image_size(self) -> int | None:
@@ -186,9 +198,11 @@ class ResidualPolicy(nn.Module):
 
     @torch.no_grad()
     def predict(self, obs: Mapping[str, Any]) -> torch.Tensor:
-        """Observation batch → ``(B, 1, A)``: this step's action (deterministic) in env units."""
+        """Observation batch → ``(B, 1, A)``: this step's action (deterministic) in env units, or
+        ``(B, chunk, A)`` for a chunk actor."""
         x, base_norm = self.residual_input(obs)
-        return self.env_action(base_norm, self.actor(self.norm(x)))[:, None]
+        out = self.env_action(base_norm, self.actor(self.norm(x)))
+        return out if out.ndim == 3 else out[:, None]
 
     # ------------------------------------------------------------------ pieces used by the PPO loops
     def _pooled_memory(self, module, inputs, output) -> None:
@@ -251,12 +265,18 @@ class ResidualPolicy(nn.Module):
         return x, base_norm
 
     def env_action(self, base_norm: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """Normalized base action + scaled residual → env units, inside the action box."""
+        """Normalized base action + scaled residual → env units, inside the action box: ``(B, A)``,
+        or ``(B, chunk, A)`` for a chunk actor's ``(B, chunk * A)`` output."""
+        if self.config.chunk > 1:
+            residual = residual.reshape(residual.shape[0], self.config.chunk, -1)
+            base_norm = base_norm[:, None]
         return (base_norm + self.step_scale * residual).clamp(-1, 1) * self.action_half + self.action_loc
 
     def dist(self, x_normed: torch.Tensor) -> torch.distributions.Normal:
-        """Gaussian over the residual ``(B, A)`` for normalized inputs."""
-        return torch.distributions.Normal(self.actor(x_normed), self.log_std.exp().expand(x_normed.shape[0], -1))
+        """Gaussian over the residual ``(B, A)`` (``(B, chunk * A)`` for a chunk actor: one std per
+        action dimension, shared by the chunk's steps) for normalized inputs."""
+        std = self.log_std.exp().repeat(self.config.chunk)
+        return torch.distributions.Normal(self.actor(x_normed), std.expand(x_normed.shape[0], -1))
 
     def value(self, x_normed: torch.Tensor) -> torch.Tensor:
         return self.critic(x_normed).squeeze(-1)

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from robopolicy.envs import EnvConfig
-from robopolicy.refine.common import (Curve, RewardScaler, evaluate_success, gae, make_vector_envs, ppo_loss,
+from robopolicy.refine.common import (Curve, RewardScaler, evaluate_success, make_vector_envs, ppo_loss,
                                       single_spaces)
+from robopolicy.models.policy import PolicyError
 from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, load_any_policy
 
 
@@ -87,13 +88,18 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                              env_state_dim=obs_space[ENV_STATE].shape[0] if privileged else 0)
     teacher_wrap = ResidualPolicy(ResidualConfig(inputs=["base_action"]), act_space.low, act_space.high, base=teacher) \
         if not isinstance(teacher, ResidualPolicy) else teacher
+    k = student.config.chunk
+    if k > 1 and (teacher_wrap.base is None or teacher_wrap is teacher or teacher.output != "chunk"
+                  or teacher.horizon < k):
+        raise PolicyError(f"a chunk student (student.chunk={k}) learns a teacher's chunks: the teacher must be a "
+                          f"chunk policy checkpoint predicting at least {k} actions")
     out = Path(cfg.out_dir)
     curve = Curve(out, "curve")
     t0 = time.perf_counter()
 
     def ev(p):
-        return evaluate_success(lambda o: p.predict(o)[:, 0].numpy(), p.reset, cfg.env, cfg.eval_episodes,
-                                cfg.eval_envs, cfg.eval_seed, **kw)
+        act, reset = _stepper(p)
+        return evaluate_success(act, reset, cfg.env, cfg.eval_episodes, cfg.eval_envs, cfg.eval_seed, **kw)
 
     teacher_res, before = ev(teacher_wrap), ev(student)
     curve.add(0, before.success)
@@ -104,54 +110,84 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     opt_c = torch.optim.Adam(params["critic"], lr=cfg.critic_lr, eps=1e-5)
     envs = make_vector_envs(cfg.env, cfg.num_envs, **kw)
     n, T = cfg.num_envs, cfg.num_steps
-    a_dim, d_in = student.action_loc.shape[0], student.norm.mean.shape[0]
-    x_buf, r_buf, logp_buf = torch.zeros(T, n, d_in), torch.zeros(T, n, a_dim), torch.zeros(T, n)
-    teach_buf = torch.zeros(T, n, a_dim)
-    rew_buf, done_buf, val_buf = torch.zeros(T, n), torch.zeros(T, n), torch.zeros(T, n)
     scaler = RewardScaler(n, cfg.gamma, cfg.reward_clip)
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
     student.reset(), teacher_wrap.reset()
+    queues: list[list[np.ndarray]] = [[] for _ in range(n)]  # the student's chunk being executed, per env
+    pending: list[dict | None] = [None] * n  # the decision that chunk came from
     env_steps, next_eval, bc = 0, cfg.eval_every, cfg.bc_weight
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
         while env_steps < cfg.total_env_steps:
+            done_recs: list[list[dict]] = [[] for _ in range(n)]
+            bc_x, bc_y = [], []
             with torch.no_grad():
-                for t in range(T):
-                    teacher_act = teacher_wrap.predict(obs)[:, 0]  # env units, the teacher's closed loop
-                    teach_buf[t] = (teacher_act - student.action_loc) / student.action_half
-                    x, _ = student.residual_input(obs)
+                for _t in range(T):
+                    x = student.residual_input(obs)[0]
                     student.norm.update(x)
                     x = student.norm(x)
-                    dist = student.dist(x)
-                    r = dist.sample()
-                    x_buf[t], r_buf[t], logp_buf[t], val_buf[t] = x, r, dist.log_prob(r).sum(-1), student.value(x)
-                    obs, reward, term, trunc, _info = envs.step(student.env_action(torch.zeros_like(r), r).numpy())
+                    bc_x.append(x)
+                    bc_y.append(_teacher_label(teacher_wrap, obs, k, student))
+                    need = [i for i in range(n) if not queues[i]]
+                    if need:
+                        dist = student.dist(x[need])
+                        r = dist.sample()
+                        logp, val = dist.log_prob(r).sum(-1), student.value(x[need])
+                        acts = student.env_action(torch.zeros(len(need), student.action_loc.shape[0]), r)
+                        acts = acts.reshape(len(need), k, -1).numpy()
+                        for j, i in enumerate(need):
+                            if pending[i] is not None:
+                                done_recs[i].append(pending[i])
+                            pending[i] = {"x": x[i], "r": r[j], "logp": logp[j], "v": val[j], "R": 0.0, "g": 1.0,
+                                          "done": False}
+                            queues[i] = list(acts[j])
+                    obs, reward, term, trunc, _info = envs.step(np.stack([q.pop(0) for q in queues]))
                     done = np.logical_or(term, trunc)
-                    rew_buf[t] = torch.as_tensor(scaler(np.asarray(reward, np.float64), done), dtype=torch.float32)
-                    done_buf[t] = torch.as_tensor(done, dtype=torch.float32)
+                    scaled = scaler(np.asarray(reward, np.float64), done)
+                    for i in range(n):
+                        rec = pending[i]
+                        rec["R"] += rec["g"] * float(scaled[i])
+                        rec["g"] *= cfg.gamma
+                        if done[i]:
+                            rec["done"] = True
+                            done_recs[i].append(rec)
+                            pending[i], queues[i] = None, []
                     if done.any():
                         rows = [int(i) for i in np.flatnonzero(done)]
-                        teacher_wrap.reset(rows)
+                        teacher_wrap.base.reset(rows) if k > 1 else teacher_wrap.reset(rows)
                 env_steps += T * n
                 bar.update(T * n)
-                last_value = student.value(student.norm(student.residual_input(obs, peek=True)[0]))
-                adv, ret = gae(rew_buf, val_buf, done_buf, last_value, cfg.gamma, cfg.gae_lambda)
-
-            b_x, b_r, b_logp = x_buf.reshape(T * n, -1), r_buf.reshape(T * n, -1), logp_buf.reshape(-1)
-            b_teach, b_ret = teach_buf.reshape(T * n, -1), ret.reshape(-1)
-            b_adv = adv.reshape(-1)
-            b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
+                # bootstrap values: the next decision's value, or the state now for a chunk just finished
+                x_now = student.norm(student.residual_input(obs, peek=True)[0])
+                v_now = student.value(x_now)
+                tail = {}
+                for i in range(n):
+                    if pending[i] is not None and not queues[i]:
+                        done_recs[i].append(pending[i])
+                        pending[i] = None
+                    tail[i] = pending[i]["v"] if pending[i] is not None else v_now[i]
+                recs, adv, ret = _smdp_gae(done_recs, tail, cfg.gae_lambda)
+            if not recs:
+                continue
+            b_x = torch.stack([r["x"] for r in recs])
+            b_r = torch.stack([r["r"] for r in recs])
+            b_logp = torch.stack([r["logp"] for r in recs])
+            b_adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(adv) > 1 else adv
+            bc_x, bc_y = torch.cat(bc_x), torch.cat(bc_y)
+            m = len(recs)
             for _epoch in range(cfg.update_epochs):
                 stop = False
-                for idx in torch.randperm(T * n).chunk(cfg.minibatches):
+                bc_idx = torch.randperm(len(bc_x)).chunk(cfg.minibatches)
+                for idx, bidx in zip(torch.randperm(m).chunk(cfg.minibatches), bc_idx):
                     dist = student.dist(b_x[idx])
                     pg, kl = ppo_loss(dist.log_prob(b_r[idx]).sum(-1), b_logp[idx], b_adv[idx], cfg.clip)
                     if kl.item() > cfg.target_kl:
                         stop = True
                         break
-                    v_loss = 0.5 * (student.value(b_x[idx]) - b_ret[idx]).pow(2).mean()
-                    # unclamped: a clamped mean outside the box would get no gradient back toward the teacher
-                    bc_loss = (dist.mean - b_teach[idx]).pow(2).sum(-1).mean()
+                    v_loss = 0.5 * (student.value(b_x[idx]) - ret[idx]).pow(2).mean()
+                    # every visited state is a BC sample (not only the decision states); unclamped: a
+                    # clamped mean outside the box would get no gradient back toward the teacher
+                    bc_loss = _bc_loss(student.actor(bc_x[bidx]), bc_y[bidx], k)
                     opt_a.zero_grad()
                     opt_c.zero_grad()
                     (pg + cfg.vf_coef * v_loss + bc * bc_loss).backward()
@@ -165,8 +201,9 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
                 next_eval += cfg.eval_every
                 res = ev(student)
-                curve.add(env_steps, res.success, bc_weight=bc)
-                log(f"[rpd] {env_steps} env steps: student success {res.success:.1%} (bc weight {bc:.3f})")
+                curve.add(env_steps, res.success, bc_weight=bc, bc_loss=float(bc_loss.item()))
+                log(f"[rpd] {env_steps} env steps: student success {res.success:.1%} (bc weight {bc:.3f}, "
+                    f"bc loss {bc_loss.item():.4f})")
     finally:
         bar.close()
         envs.close()
@@ -181,6 +218,75 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     summary["size_ratio"] = summary["teacher_params"] / summary["student_params"]
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _stepper(policy) -> tuple[Callable[[dict], np.ndarray], Callable[[list[int] | None], None]]:
+    """``(act, reset)`` for :func:`evaluate_success`: one action per env step. A chunk policy's
+    chunk is executed in full before it is asked again, as ``robopolicy eval`` runs it."""
+    if policy.horizon == 1:
+        return (lambda o: policy.predict(o)[:, 0].numpy()), policy.reset
+    queues: list[list[np.ndarray]] = []
+
+    def act(obs):
+        nonlocal queues
+        chunk = None
+        n = len(np.asarray(obs["observation.state"]))
+        if len(queues) != n:
+            queues = [[] for _ in range(n)]
+        for i, q in enumerate(queues):
+            if not q:
+                chunk = policy.predict(obs).numpy() if chunk is None else chunk
+                q.extend(chunk[i])
+        return np.stack([q.pop(0) for q in queues])
+
+    def reset(rows=None):
+        for i in (range(len(queues)) if rows is None else rows):
+            if i < len(queues):
+                queues[i] = []
+        policy.reset(rows)
+
+    return act, reset
+
+
+def _teacher_label(teacher: ResidualPolicy, obs, k: int, student: ResidualPolicy) -> torch.Tensor:
+    """The teacher's action(s) for this state in the student's normalized units, ``(B, k * A)``.
+
+    A per-step student (k = 1) learns the teacher's closed-loop action (its chunk queue). A chunk
+    student learns a fresh teacher chunk's first k actions: what the teacher would execute from
+    this state on; it is a function of the state, while the queued action also depends on when
+    the chunk was planned."""
+    if k == 1:
+        act = teacher.predict(obs)[:, 0]
+    else:
+        act = teacher.base.predict(obs)[:, :k]
+    return ((act - student.action_loc) / student.action_half).reshape(act.shape[0], -1)
+
+
+def _bc_loss(mean: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
+    """Squared error summed over action dims, averaged over states and chunk steps."""
+    return (mean - target).pow(2).reshape(mean.shape[0], k, -1).sum(-1).mean()
+
+
+def _smdp_gae(records: list[list[dict]], tail: dict, lam: float):
+    """GAE over each env's decisions in order. A decision's reward ``R`` is the discounted sum over
+    the steps its actions ran and ``g`` the discount to the next decision (γ^steps), so a chunk of
+    k steps is one transition (semi-MDP); ``tail[i]``: the value after env i's last decision."""
+    flat, adv, ret = [], [], []
+    for i, recs in enumerate(records):
+        a_next, v_next = 0.0, float(tail[i])
+        out = []
+        for rec in reversed(recs):
+            v = float(rec["v"])
+            live = 0.0 if rec["done"] else 1.0
+            delta = rec["R"] + live * rec["g"] * v_next - v
+            a_next = delta + live * rec["g"] * lam * a_next
+            out.append((rec, a_next, a_next + v))
+            v_next = v
+        for rec, a, r in reversed(out):
+            flat.append(rec)
+            adv.append(a)
+            ret.append(r)
+    return flat, torch.tensor(adv, dtype=torch.float32), torch.tensor(ret, dtype=torch.float32)
 
 
 def _latency_ms(policy: ResidualPolicy, cfg: RPDConfig, kw: dict, calls: int = 30) -> float:
