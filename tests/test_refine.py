@@ -345,12 +345,28 @@ def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
     summary = rpd.train(rcfg, teacher=teacher.eval(), log=lambda s: None)
     learned = load_any_policy(summary["checkpoint"])
     assert learned.horizon == 4
-    obs = {"observation.state": np.zeros((2, 6), np.float32),
-           "observation.environment_state": np.zeros((2, 17), np.float32)}
+    from robopolicy.refine.common import make_refine_env
+
+    probe = make_refine_env(env, privileged=True)
+    obs = [probe.reset(seed=s)[0] for s in (5, 6)]  # states like the visited ones
+    probe.close()
+    obs = {k: np.stack([o[k] for o in obs]) for k in ("observation.state", "observation.environment_state")}
     target = teacher.predict(obs)[:, :4]  # ~ mid + 0.3 * half on every step (std 1e-3 squeezes the head)
     # untrained: the box centre (0.3 half-ranges away); BC brings the whole chunk most of the way
     err = ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean()
     assert err < 0.1
+    # a KL limit the BC term alone exceeds ends each update after one step (the student hardly
+    # moves) unless PPO has not joined yet: the BC warm-up is not cut short by the PPO's KL check
+    errs = {}
+    for warmup in (0, 10**6):
+        rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.out_dir = 1e-9, warmup, str(tmp_path / f"rpd{warmup}")
+        learned = load_any_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
+        errs[warmup] = ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean()
+    assert errs[0] > 0.2 and errs[10**6] < 0.5 * errs[0]  # untrained: 0.3
+    # the BC term may sample an aggregate of past rollouts' states (bc_buffer) instead
+    rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.bc_buffer, rcfg.out_dir = 1e3, 0, 300, str(tmp_path / "buf")
+    learned = load_any_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
+    assert ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean() < 0.1
     with pytest.raises(PolicyError, match="chunk policy checkpoint"):
         rpd.train(rcfg, teacher=ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8]), so101.JOINT_LOW,
                                                so101.JOINT_HIGH, state_dim=6), log=lambda s: None)

@@ -56,6 +56,15 @@ class RPDConfig:
     bc_decay: float = 0.97
     """... multiplied by this after every update."""
     bc_min: float = 0.01
+    bc_buffer: int = 0
+    """The BC term samples from the last this-many visited states with their teacher labels
+    (DAgger's aggregation; 0: this rollout's states only, as RPD)."""
+    pg_coef: float = 1.0
+    """Weight of the PPO term (1: RPD)."""
+    bc_warmup_steps: int = 0
+    """Env steps with the BC term alone before the PPO term joins: a student far from the teacher
+    sees no reward under a sparse task, and the PPO term's normalized advantages are then only the
+    critic's noise, which a small action std turns into large steps of the mean."""
     max_grad_norm: float = 1.0
     reward_clip: float = 5.0
     eval_every: int = 4_000
@@ -116,6 +125,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     queues: list[list[np.ndarray]] = [[] for _ in range(n)]  # the student's chunk being executed, per env
     pending: list[dict | None] = [None] * n  # the decision that chunk came from
     env_steps, next_eval, bc = 0, cfg.eval_every, cfg.bc_weight
+    buf_x = buf_y = None  # the BC buffer (bc_buffer > 0): raw student inputs and teacher labels
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
         while env_steps < cfg.total_env_steps:
@@ -123,10 +133,10 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
             bc_x, bc_y = [], []
             with torch.no_grad():
                 for _t in range(T):
-                    x = student.residual_input(obs)[0]
-                    student.norm.update(x)
-                    x = student.norm(x)
-                    bc_x.append(x)
+                    x_raw = student.residual_input(obs)[0]
+                    student.norm.update(x_raw)
+                    x = student.norm(x_raw)
+                    bc_x.append(x_raw)
                     bc_y.append(_teacher_label(teacher_wrap, obs, k, student))
                     need = [i for i in range(n) if not queues[i]]
                     if need:
@@ -174,14 +184,21 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
             b_logp = torch.stack([r["logp"] for r in recs])
             b_adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(adv) > 1 else adv
             bc_x, bc_y = torch.cat(bc_x), torch.cat(bc_y)
+            per_batch = len(bc_x)
+            if cfg.bc_buffer > 0:
+                buf_x = bc_x if buf_x is None else torch.cat([buf_x, bc_x])[-cfg.bc_buffer:]
+                buf_y = bc_y if buf_y is None else torch.cat([buf_y, bc_y])[-cfg.bc_buffer:]
+                bc_x, bc_y = buf_x, buf_y
+            bc_x = student.norm(bc_x)  # raw inputs, standardized with the statistics of now
             m = len(recs)
             for _epoch in range(cfg.update_epochs):
                 stop = False
-                bc_idx = torch.randperm(len(bc_x)).chunk(cfg.minibatches)
+                bc_idx = torch.randperm(len(bc_x))[:per_batch].chunk(cfg.minibatches)
                 for idx, bidx in zip(torch.randperm(m).chunk(cfg.minibatches), bc_idx):
                     dist = student.dist(b_x[idx])
                     pg, kl = ppo_loss(dist.log_prob(b_r[idx]).sum(-1), b_logp[idx], b_adv[idx], cfg.clip)
-                    if kl.item() > cfg.target_kl:
+                    pg_w = cfg.pg_coef if env_steps > cfg.bc_warmup_steps else 0.0
+                    if pg_w and kl.item() > cfg.target_kl:
                         stop = True
                         break
                     v_loss = 0.5 * (student.value(b_x[idx]) - ret[idx]).pow(2).mean()
@@ -190,13 +207,16 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                     bc_loss = _bc_loss(student.actor(bc_x[bidx]), bc_y[bidx], k)
                     opt_a.zero_grad()
                     opt_c.zero_grad()
-                    (pg + cfg.vf_coef * v_loss + bc * bc_loss).backward()
-                    torch.nn.utils.clip_grad_norm_(params["actor"] + params["critic"], cfg.max_grad_norm)
+                    (pg_w * pg + cfg.vf_coef * v_loss + bc * bc_loss).backward()
+                    # clipped apart: a large critic gradient must not shrink the actor's BC step
+                    torch.nn.utils.clip_grad_norm_(params["actor"], cfg.max_grad_norm)
+                    torch.nn.utils.clip_grad_norm_(params["critic"], cfg.max_grad_norm)
                     opt_a.step()
                     opt_c.step()
                 if stop:
                     break
-            bc = max(cfg.bc_min, bc * cfg.bc_decay)
+            if env_steps > cfg.bc_warmup_steps:  # the BC weight anneals once PPO has joined
+                bc = max(cfg.bc_min, bc * cfg.bc_decay)
             bar.set_postfix(bc=round(bc, 3), bc_loss=round(bc_loss.item(), 4))
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
                 next_eval += cfg.eval_every
