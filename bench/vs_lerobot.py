@@ -3,9 +3,13 @@
     .venv/bin/python bench/vs_lerobot.py                                   # defaults below
     .venv/bin/python bench/vs_lerobot.py budget_s=600 demos=200 episodes=50
     .venv/bin/python bench/vs_lerobot.py policies=[ours,act] budget_s=120 episodes=4   # a quick look
+    .venv/bin/python bench/vs_lerobot.py "policies=[ours,act]" camera=none demos=200 episodes=50 \
+        dataset=outputs/datasets/arm_pp_state "env={id: robopolicy/ArmPickPlace-v0, kwargs: {use_cameras: false, env_state: true}}"
 
 1. Dataset: ``demos`` oracle episodes of ``env`` collected with ``robopolicy collect`` (reused
-   when ``dataset`` already holds them). One camera (``camera``) at ``image_size`` px + the state.
+   when ``dataset`` already holds them). One camera (``camera``) at ``image_size`` px + the state;
+   or, with ``camera=none``, no camera: every policy reads the joint state and the scene state
+   (``observation.environment_state``, LeRobot's key; the env needs ``env_state: true``).
 2. Training, ``budget_s`` of wall clock each (set-up, data loading and feature encoding
    included), batch ``batch_size``; samples/s is the steady rate after the warm-up steps:
    - ACT and Diffusion with lerobot's own code: ``ACTConfig`` / ``DiffusionConfig`` (lerobot's
@@ -57,6 +61,7 @@ class BenchConfig:
     collect_workers: int = 2
     image_size: int = 96
     camera: str = "front"
+    """The camera every policy sees; ``none``: a state-based comparison (see 1. above)."""
     policies: list[str] = field(default_factory=lambda: ["ours", "act", "diffusion"])
     budget_s: float = 300.0
     """Training wall clock per policy (data loading / feature encoding included)."""
@@ -106,8 +111,9 @@ def lerobot_parts(kind: str, root: Path, camera: str, diffusion_inference_steps:
 
     meta = LeRobotDatasetMetadata("local/vs_lerobot", root=root)
     features = dataset_to_policy_features(meta.features)
-    image_key = f"observation.images.{camera}"
-    inputs = {k: f for k, f in features.items() if k in (image_key, "observation.state")}
+    wanted = ("observation.state", "observation.environment_state") if camera == "none" else \
+        (f"observation.images.{camera}", "observation.state")
+    inputs = {k: f for k, f in features.items() if k in wanted}
     outputs = {k: f for k, f in features.items() if k == "action" and f.type is FeatureType.ACTION}
     if kind == "act":
         from lerobot.policies.act.configuration_act import ACTConfig
@@ -198,11 +204,19 @@ class LerobotEvalPolicy:
 
     @torch.inference_mode()
     def predict(self, obs: dict[str, Any]) -> torch.Tensor:
-        key = f"observation.images.{self.camera}"
-        batch = {key: obs[key].float() / 255.0, "observation.state": obs["observation.state"].float(),
-                 "task": list(obs["task"])}
-        action = self.post(self.policy.select_action(self.pre(batch)))
+        action = self.post(self.policy.select_action(self.pre(lerobot_batch(obs, self.camera))))
         return action[:, None]
+
+
+def lerobot_batch(obs: dict[str, Any], camera: str) -> dict[str, Any]:
+    """Our policy batch → what lerobot's preprocessors take (images as floats in [0, 1])."""
+    batch = {"observation.state": obs["observation.state"].float(), "task": list(obs["task"])}
+    if camera == "none":
+        batch["observation.environment_state"] = obs["observation.environment_state"].float()
+    else:
+        key = f"observation.images.{camera}"
+        batch[key] = obs[key].float() / 255.0
+    return batch
 
 
 # --------------------------------------------------------------------------- our side
@@ -227,12 +241,18 @@ def train_ours(cfg: BenchConfig, root: Path) -> dict[str, Any]:
         "name": "vs_lerobot", "out": str(Path(cfg.out_dir) / "ours"), "overwrite": True, "progress": False,
         "batch_size": cfg.batch_size, "save_every": 0, "log_every": 20, "threads": cfg.threads,
         "data": {"dataset": str(root), "features": {"cameras": [cfg.camera]}},
-        # the shipped arm recipe (configs/train/arm_chunk_l1.yaml) without language: ResNet-18 read
-        # at layer2 (stride 8) on a 6x6 grid, where ACT runs the whole ResNet-18 and a 512-d transformer
-        "model": {"head": "chunk_l1", "horizon": 16, "context_strides": [0], "grid": 6,
-                  "encoders": [{"name": "resnet18", "image_size": cfg.image_size, "frozen": True, "stage": 2}],
-                  "language": {"enabled": False}, "d_model": 128, "n_heads": 4, "n_layers": 3},
     }
+    if cfg.camera == "none":  # the shipped state recipe (configs/train/arm_state_chunk.yaml) without language
+        base["data"]["features"] = {"cameras": [], "env_state": "observation.environment_state"}
+        base["model"] = {"head": "chunk_l1", "horizon": 16, "context_strides": [0], "language": {"enabled": False},
+                         "d_model": 128, "n_heads": 4, "n_layers": 3, "head_layers": 2}
+    else:
+        base["model"] = {
+            # the shipped arm recipe (configs/train/arm_chunk_l1.yaml) without language: ResNet-18 read
+            # at layer2 (stride 8) on a 6x6 grid, where ACT runs the whole ResNet-18 and a 512-d transformer
+            "head": "chunk_l1", "horizon": 16, "context_strides": [0], "grid": 6,
+            "encoders": [{"name": "resnet18", "image_size": cfg.image_size, "frozen": True, "stage": 2}],
+            "language": {"enabled": False}, "d_model": 128, "n_heads": 4, "n_layers": 3}
     data = deep_merge(base, cfg.ours)
     t_start = time.perf_counter()
     calib = build(TrainConfig, deep_merge(data, {"steps": 30, "log_every": 10, "out": data["out"] + "_calib"}),
@@ -259,7 +279,7 @@ def sample_observation(cfg: BenchConfig) -> dict[str, Any]:
     from robopolicy.eval.policy_runner import to_policy_batch
     from robopolicy.envs import make_env
 
-    kwargs = {**cfg.env.kwargs, "image_size": cfg.image_size}
+    kwargs = {**cfg.env.kwargs, **({} if cfg.camera == "none" else {"image_size": cfg.image_size})}
     env = make_env(EnvConfig(cfg.env.id, kwargs), render_mode=None)
     obs, _ = env.reset(seed=cfg.seed)
     env.close()
@@ -280,9 +300,7 @@ def chunk_latency_ms(name: str, entry: dict[str, Any], obs: dict[str, Any], repe
                 policy.predict(obs)
             else:
                 policy, pre, camera = entry["policy"], entry["pre"], entry["camera"]
-                key = f"observation.images.{camera}"
-                batch = pre({key: obs[key].float() / 255.0, "observation.state": obs["observation.state"].float(),
-                             "task": list(obs["task"])})
+                batch = pre(lerobot_batch(obs, camera))
                 policy.reset()
                 t = time.perf_counter()
                 if name == "act":
@@ -306,7 +324,7 @@ def evaluate_policy(name: str, entry: dict[str, Any], cfg: BenchConfig) -> dict[
         policy = LerobotEvalPolicy(entry["policy"], entry["pre"], entry["post"], cfg.camera)
         chunk = ChunkConfig(mode="chunk", steps_per_chunk=1)
     ecfg = EvalConfig(env=cfg.env, episodes=episodes, workers=min(cfg.eval_workers, episodes), seed=cfg.seed,
-                      image_size=cfg.image_size, chunk=chunk, videos=1, out_dir=str(Path(cfg.out_dir) / f"eval_{name}"),
+                      image_size=None if cfg.camera == "none" else cfg.image_size, chunk=chunk, videos=1, out_dir=str(Path(cfg.out_dir) / f"eval_{name}"),
                       checkpoint=name)
     report = evaluate(policy, ecfg)
     return report.splits[0].summary
@@ -349,7 +367,8 @@ def main(argv: list[str]) -> int:
             _ratio(r["samples_per_s"], act.get("samples_per_s")), _ratio(r["latency_ms"], act.get("latency_ms")),
         ]) + " |")
     table = "\n".join(lines)
-    print(f"\n{cfg.env.label()}, {cfg.demos} demos, {cfg.image_size}px '{cfg.camera}' camera, "
+    seen = "no camera (joint + scene state)" if cfg.camera == "none" else f"{cfg.image_size}px '{cfg.camera}' camera"
+    print(f"\n{cfg.env.label()}, {cfg.demos} demos, {seen}, "
           f"{cfg.budget_s:.0f} s of training each, batch {cfg.batch_size}, {torch.get_num_threads()} CPU threads\n")
     print(table)
     if "ours" in rows and act:

@@ -344,7 +344,7 @@ def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
                          out_dir=str(tmp_path / "rpd"), progress=False, student=student)
     summary = rpd.train(rcfg, teacher=teacher.eval(), log=lambda s: None)
     learned = load_any_policy(summary["checkpoint"])
-    assert learned.horizon == 4
+    assert learned.horizon == 4 and load_any_policy(summary["best_checkpoint"]).horizon == 4
     from robopolicy.refine.common import make_refine_env
 
     probe = make_refine_env(env, privileged=True)

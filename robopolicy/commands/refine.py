@@ -89,6 +89,9 @@ def cmd_refine(args: argparse.Namespace) -> int:
             s = rpd.train(cfg)
             rows = [("teacher", s["teacher_success"]), ("student before", s["student_before"]),
                     ("student after", s["student_after"])]
+            if s.get("student_best") is not None:
+                rows.append((f"student, best evaluation ({s['best_env_steps']} env steps; {s['best_checkpoint']})",
+                             s["student_best"]))
             extra = (f"teacher {s['teacher_params']:,} params, student {s['student_params']:,} "
                      f"({s['size_ratio']:.0f}x smaller); latency {s['latency_ms']['teacher']:.2f} ms vs "
                      f"{s['latency_ms']['student']:.2f} ms ({s['latency_ratio']:.0f}x)")

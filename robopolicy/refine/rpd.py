@@ -6,7 +6,8 @@ student actor-critic (:class:`~robopolicy.refine.residual.ResidualPolicy` withou
 low-dimensional inputs) → roll out the *student* (its samples execute) while the teacher labels
 every visited state → loss = PPO(student) + λ · ‖student mean − teacher action‖² in normalized
 action units, λ annealed from ``bc_weight`` by ``bc_decay`` per update → evaluate → save the
-student (a checkpoint ``eval`` loads through ``load_any_policy``).
+student (a checkpoint ``eval`` loads through ``load_any_policy``), and the student of the best
+evaluation in ``best/``.
 
 The teacher runs in the same rollout as its own closed loop would (its chunk queues), so the
 teacher needs the observations it was trained on (cameras for a vision teacher).
@@ -125,6 +126,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     queues: list[list[np.ndarray]] = [[] for _ in range(n)]  # the student's chunk being executed, per env
     pending: list[dict | None] = [None] * n  # the decision that chunk came from
     env_steps, next_eval, bc = 0, cfg.eval_every, cfg.bc_weight
+    best: tuple[int, float] | None = None  # (env steps, success) of the best evaluation
     buf_x = buf_y = None  # the BC buffer (bc_buffer > 0): raw student inputs and teacher labels
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
@@ -222,6 +224,9 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                 next_eval += cfg.eval_every
                 res = ev(student)
                 curve.add(env_steps, res.success, bc_weight=bc, bc_loss=float(bc_loss.item()))
+                if best is None or res.success > best[1]:  # the curve need not rise: keep its best point
+                    best = (env_steps, res.success)
+                    student.save(out / "best")
                 log(f"[rpd] {env_steps} env steps: student success {res.success:.1%} (bc weight {bc:.3f}, "
                     f"bc loss {bc_loss.item():.4f})")
     finally:
@@ -232,6 +237,8 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     n_teacher = count_parameters(teacher_wrap.base if teacher_wrap.base is not None else teacher_wrap)
     summary = {"teacher_success": teacher_res.success, "student_before": before.success,
                "student_after": curve.rows[-1]["success"], "teacher_params": n_teacher,
+               "student_best": best[1] if best else None, "best_env_steps": best[0] if best else None,
+               "best_checkpoint": str(out / "best") if best else None,
                "student_params": count_parameters(student.actor) + student.log_std.numel(),
                "latency_ms": latency, "latency_ratio": latency["teacher"] / max(latency["student"], 1e-9),
                "env_steps": env_steps, "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
