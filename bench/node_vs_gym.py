@@ -240,6 +240,8 @@ def main() -> None:
         result["split"] = args.split
     table = [("gymnasium eval", gym)] if gym is not None else []
     table.append(("control node, real time", rows))
+    from sim_envs.person_follow import summarize_episodes
+
     if args.base:
         print("\n| path | episodes | SR | TR | CR |\n|------|----------|----|----|----|")
     else:
@@ -247,10 +249,7 @@ def main() -> None:
     for name, eps in table:
         sr = 100 * np.mean([e["success"] for e in eps])
         if args.base:  # pooled as robopolicy eval pools them; an episode that never finished counts as failed
-            from sim_envs.person_follow import summarize_episodes
-
-            done = [e for e in eps if "following_steps" in e]
-            pooled = summarize_episodes(done)
+            pooled = summarize_episodes([e for e in eps if "following_steps" in e])
             print(f"| {name} | {len(eps)} | {sr:.1f}% | {100 * pooled['tracking_rate']:.1f}% | "
                   f"{100 * sum(e.get('collision', False) for e in eps) / len(eps):.1f}% |")
         else:

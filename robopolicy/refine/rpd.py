@@ -9,8 +9,12 @@ action units, λ annealed from ``bc_weight`` by ``bc_decay`` per update → eval
 student (a checkpoint ``eval`` loads through ``load_any_policy``), and the student of the best
 evaluation in ``best/``.
 
-The teacher runs in the same rollout as its own closed loop would (its chunk queues), so the
-teacher needs the observations it was trained on (cameras for a vision teacher).
+A per-step student learns the teacher's closed-loop action (the teacher's chunk queues run in
+the same rollout). A chunk student (``student.chunk`` = k > 1) decides every k steps; PPO then
+treats each chunk as one transition (a semi-MDP: its discounted reward sum, γ^k to the next
+decision) and the BC target on every visited state is the first k actions of a fresh teacher
+chunk from that state. Either way the teacher needs the observations it was trained on (cameras
+for a vision teacher).
 """
 
 from __future__ import annotations
