@@ -96,6 +96,21 @@ def test_ppo_update_lowers_loss_and_learns_a_bandit():
     assert (torch.sign(mean) == torch.sign(x[:, 0])).float().mean() > 0.9
 
 
+def test_dual_clip_bounds_negative_advantage_samples_whose_ratio_exploded():
+    new = torch.tensor([5.0, 5.0, 0.05, 0.05], requires_grad=True)  # log-ratios: e^5 twice, ~1.05 twice
+    old = torch.zeros(4)
+    adv = torch.tensor([-1.0, 1.0, -1.0, 1.0])
+    plain, _ = ppo_loss(new, old, adv, 0.2)
+    (g_plain,) = torch.autograd.grad(plain, new)
+    dual, _ = ppo_loss(new, old, adv, 0.2, dual_clip=3.0)
+    (g_dual,) = torch.autograd.grad(dual, new)
+    # plain PPO: the exploded negative-advantage sample's gradient grows with its ratio (e^5 / 4)
+    assert g_plain[0].item() == pytest.approx(np.exp(5.0) / 4, rel=1e-4)
+    assert g_dual[0].item() == 0.0 and g_dual[1].item() == 0.0  # bounded / clipped: no gradient
+    torch.testing.assert_close(g_dual[2:], g_plain[2:])  # inside the clip range: unchanged
+    assert dual.item() == pytest.approx((3.0 - 1.2) / 4, rel=1e-4)  # -(-3 + 1.2 - r + r) / 4
+
+
 def test_gae_and_reward_scale():
     rewards = torch.tensor([[0.0], [0.0], [1.0]])
     values = torch.zeros(3, 1)

@@ -182,12 +182,19 @@ def gae(rewards, values, dones, last_value, gamma: float, lam: float):
     return adv, adv + values
 
 
-def ppo_loss(new_logp, old_logp, adv, clip: float):
-    """Clipped surrogate (to minimise) and the approximate KL(old || new)."""
+def ppo_loss(new_logp, old_logp, adv, clip: float, dual_clip: float | None = None):
+    """Clipped surrogate (to minimise) and the approximate KL(old || new).
+
+    ``dual_clip`` (c > 1, dual-clip PPO): where the advantage is negative the surrogate is
+    bounded below by ``c * adv``, so a sample whose ratio has grown far past the clip range (the
+    policy moved by another loss term, or its log-probability is stale) gives no gradient,
+    instead of one that grows with the ratio."""
     import torch
 
     ratio = (new_logp - old_logp).exp()
     surrogate = torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    if dual_clip is not None:
+        surrogate = torch.where(adv < 0, torch.max(surrogate, dual_clip * adv), surrogate)
     approx_kl = ((ratio - 1) - (new_logp - old_logp)).mean()
     return -surrogate.mean(), approx_kl
 

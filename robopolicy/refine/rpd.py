@@ -66,6 +66,10 @@ class RPDConfig:
     (DAgger's aggregation; 0: this rollout's states only, as RPD)."""
     pg_coef: float = 1.0
     """Weight of the PPO term (1: RPD)."""
+    dual_clip: float | None = 3.0
+    """Dual-clip PPO's bound (see ``common.ppo_loss``): the BC term moves the mean by many stds
+    within an update, and without the bound the negative-advantage samples whose ratio then
+    explodes dominate the step; ``None``: plain clipped PPO."""
     bc_warmup_steps: int = 0
     """Env steps with the BC term alone before the PPO term joins: a student far from the teacher
     sees no reward under a sparse task, and the PPO term's normalized advantages are then only the
@@ -202,7 +206,8 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                 bc_idx = torch.randperm(len(bc_x))[:per_batch].chunk(cfg.minibatches)
                 for idx, bidx in zip(torch.randperm(m).chunk(cfg.minibatches), bc_idx):
                     dist = student.dist(b_x[idx])
-                    pg, kl = ppo_loss(dist.log_prob(b_r[idx]).sum(-1), b_logp[idx], b_adv[idx], cfg.clip)
+                    pg, kl = ppo_loss(dist.log_prob(b_r[idx]).sum(-1), b_logp[idx], b_adv[idx], cfg.clip,
+                                      cfg.dual_clip)
                     pg_w = cfg.pg_coef if env_steps > cfg.bc_warmup_steps else 0.0
                     if pg_w and kl.item() > cfg.target_kl:
                         stop = True
