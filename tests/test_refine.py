@@ -378,6 +378,11 @@ def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
         learned = load_any_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
         errs[warmup] = ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean()
     assert errs[0] > 0.2 and errs[10**6] < 0.5 * errs[0]  # untrained: 0.3
+    # once PPO has joined the actor learns at ppo_actor_lr: 0 leaves the untrained student as it is
+    rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.ppo_actor_lr, rcfg.out_dir = 1e3, 0, 0.0, str(tmp_path / "lr0")
+    frozen = load_any_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
+    assert ((frozen.predict(obs) - target) / torch.as_tensor(half)).abs().mean() > 0.25
+    rcfg.ppo_actor_lr = None
     # the BC term may sample an aggregate of past rollouts' states (bc_buffer) instead
     rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.bc_buffer, rcfg.out_dir = 1e3, 0, 300, str(tmp_path / "buf")
     learned = load_any_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])

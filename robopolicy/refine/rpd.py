@@ -70,6 +70,8 @@ class RPDConfig:
     """Dual-clip PPO's bound (see ``common.ppo_loss``): the BC term moves the mean by many stds
     within an update, and without the bound the negative-advantage samples whose ratio then
     explodes dominate the step; ``None``: plain clipped PPO."""
+    ppo_actor_lr: float | None = None
+    """The actor's learning rate once the PPO term has joined (``None``: ``actor_lr`` throughout)."""
     bc_warmup_steps: int = 0
     """Env steps with the BC term alone before the PPO term joins: a student far from the teacher
     sees no reward under a sparse task, and the PPO term's normalized advantages are then only the
@@ -201,6 +203,9 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                 bc_x, bc_y = buf_x, buf_y
             bc_x = student.norm(bc_x)  # raw inputs, standardized with the statistics of now
             m = len(recs)
+            if env_steps > cfg.bc_warmup_steps and cfg.ppo_actor_lr is not None:
+                for group in opt_a.param_groups:
+                    group["lr"] = cfg.ppo_actor_lr
             for _epoch in range(cfg.update_epochs):
                 stop = False
                 bc_idx = torch.randperm(len(bc_x))[:per_batch].chunk(cfg.minibatches)
