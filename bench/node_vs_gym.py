@@ -69,89 +69,83 @@ def _metrics(m: dict) -> dict:
 
 
 def node_episode(args, seed: int, endpoint: str, max_s: float) -> dict:
+    """One episode on the simulated driver the robot config names, driven by the node from the
+    running worker at ``endpoint``."""
     from robopolicy.config import build, load_yaml
     from robopolicy.deploy.run import RunConfig, build_node
 
     robot = load_yaml(args.robot)
     kw = robot["driver"]["kwargs"]
     kw.update({"env_id": args.env, "seed": seed})
-    if args.base:
-        return _base_episode(args, robot, seed, endpoint, max_s)
-    cams, scene = args.needs  # a state-based checkpoint: no cameras, the scene state on
-    if not cams:
-        kw["cameras"] = False
-    if scene:
-        kw["env_kwargs"] = {**(kw.get("env_kwargs") or {}), "env_state": True}
+    if args.base:  # one episode, this split
+        kw["env_kwargs"] = {**(kw.get("env_kwargs") or {}), "split": args.split}
+        kw["auto_reset"] = False
+    else:
+        cams, scene = args.needs  # a state-based checkpoint: no cameras, the scene state on
+        if not cams:
+            kw["cameras"] = False
+        if scene:
+            kw["env_kwargs"] = {**(kw.get("env_kwargs") or {}), "env_state": True}
     robot["transport"] = {**robot.get("transport", {}), "endpoint": endpoint, "spawn_worker": False}
     cfg = build(RunConfig, {"robot": robot, "policy": args.checkpoint, "status": False}, args.robot)
     driver, node = build_node(cfg)
     driver.connect()
     t0 = time.monotonic()
-    held_since, success, fault, t_first = None, False, None, None
     try:
         node.start()
-        while time.monotonic() - t0 < max_s + args.startup_s:
-            time.sleep(0.01)
-            if node.fault is not None:
-                fault = f"{node.fault.code}: {node.fault.reason}"
-                break
-            if not node._got_first_chunk:  # the clock starts with the first chunk (model warm-up)
-                continue
-            if t_first is None:
-                t_first = time.monotonic()
-            if time.monotonic() - t_first > max_s:
-                break
-            if driver.task_info().get("is_success"):
-                held_since = held_since or time.monotonic()
-                if time.monotonic() - held_since >= args.hold:
-                    success = True
-                    break
-            else:
-                held_since = None
+        row = (_base_loop if args.base else _arm_loop)(args, driver, node, t0, max_s)
         timing = node.report()["timing"]
     finally:
         node.close()
         driver.disconnect()
-    return {"seed": seed, "success": success, "fault": fault, "seconds": time.monotonic() - t0,
-            "p99_lateness_us": timing["lateness_us"]["p99"], "missed": timing["missed_deadlines"]}
-
-
-def _base_episode(args, robot: dict, seed: int, endpoint: str, max_s: float) -> dict:
-    """One PersonFollow episode on ``SimBaseDriver``: it runs from ``connect()`` (the people walk
-    from then on, as they would for a real robot) until the env ends it."""
-    from robopolicy.config import build
-    from robopolicy.deploy.run import RunConfig, build_node
-
-    kw = robot["driver"]["kwargs"]
-    kw["env_kwargs"] = {**(kw.get("env_kwargs") or {}), "split": args.split}
-    kw["auto_reset"] = False
-    robot["transport"] = {**robot.get("transport", {}), "endpoint": endpoint, "spawn_worker": False}
-    cfg = build(RunConfig, {"robot": robot, "policy": args.checkpoint, "status": False}, args.robot)
-    driver, node = build_node(cfg)
-    driver.connect()
-    t0 = time.monotonic()
-    fault, metrics, first_chunk_s = None, None, None
-    try:
-        node.start()
-        while time.monotonic() - t0 < max_s + args.startup_s:
-            time.sleep(0.01)
-            if first_chunk_s is None and node._got_first_chunk:
-                first_chunk_s = time.monotonic() - t0
-            if node.fault is not None:
-                fault = f"{node.fault.code}: {node.fault.reason}"
-                break
-            episodes = driver.task_info()["episodes"]
-            if episodes:
-                metrics = episodes[0]
-                break
-        timing = node.report()["timing"]
-    finally:
-        node.close()
-        driver.disconnect()
-    row = _metrics(metrics or {})
-    row.update(seed=seed, fault=fault, finished=metrics is not None, seconds=time.monotonic() - t0,
-               first_chunk_s=first_chunk_s, p99_lateness_us=timing["lateness_us"]["p99"],
+    row.update(seed=seed, seconds=time.monotonic() - t0, p99_lateness_us=timing["lateness_us"]["p99"],
                missed=timing["missed_deadlines"])
+    return row
+
+
+def _fault(node) -> str | None:
+    return f"{node.fault.code}: {node.fault.reason}" if node.fault is not None else None
+
+
+def _arm_loop(args, driver, node, t0: float, max_s: float) -> dict:
+    """Success once the task's condition holds for ``--hold`` s; the clock starts with the first
+    chunk (model warm-up), the arm holding still until then."""
+    held_since, t_first = None, None
+    while time.monotonic() - t0 < max_s + args.startup_s:
+        time.sleep(0.01)
+        if node.fault is not None:
+            return {"success": False, "fault": _fault(node)}
+        if not node._got_first_chunk:
+            continue
+        if t_first is None:
+            t_first = time.monotonic()
+        if time.monotonic() - t_first > max_s:
+            break
+        if driver.task_info().get("is_success"):
+            held_since = held_since or time.monotonic()
+            if time.monotonic() - held_since >= args.hold:
+                return {"success": True, "fault": None}
+        else:
+            held_since = None
+    return {"success": False, "fault": None}
+
+
+def _base_loop(args, driver, node, t0: float, max_s: float) -> dict:
+    """A PersonFollow episode on ``SimBaseDriver`` runs from ``connect()`` (the people walk from
+    then on, as they would for a real robot) until the env ends it; its metrics are the env's."""
+    metrics, first_chunk_s = None, None
+    while time.monotonic() - t0 < max_s + args.startup_s:
+        time.sleep(0.01)
+        if first_chunk_s is None and node._got_first_chunk:
+            first_chunk_s = time.monotonic() - t0
+        if node.fault is not None:
+            break
+        episodes = driver.task_info()["episodes"]
+        if episodes:
+            metrics = episodes[0]
+            break
+    row = _metrics(metrics or {})
+    row.update(fault=_fault(node), finished=metrics is not None, first_chunk_s=first_chunk_s)
     return row
 
 

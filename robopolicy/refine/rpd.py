@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from robopolicy.envs import EnvConfig
+from robopolicy.eval.chunking import ChunkExecutor
 from robopolicy.refine.common import (Curve, RewardScaler, evaluate_success, make_vector_envs, ppo_loss,
                                       single_spaces)
 from robopolicy.models.policy import PolicyError
@@ -203,7 +204,9 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                 bc_x, bc_y = buf_x, buf_y
             bc_x = student.norm(bc_x)  # raw inputs, standardized with the statistics of now
             m = len(recs)
-            if env_steps > cfg.bc_warmup_steps and cfg.ppo_actor_lr is not None:
+            joined = env_steps > cfg.bc_warmup_steps  # PPO's term is on from here
+            pg_w = cfg.pg_coef if joined else 0.0
+            if joined and cfg.ppo_actor_lr is not None:
                 for group in opt_a.param_groups:
                     group["lr"] = cfg.ppo_actor_lr
             for _epoch in range(cfg.update_epochs):
@@ -213,7 +216,6 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                     dist = student.dist(b_x[idx])
                     pg, kl = ppo_loss(dist.log_prob(b_r[idx]).sum(-1), b_logp[idx], b_adv[idx], cfg.clip,
                                       cfg.dual_clip)
-                    pg_w = cfg.pg_coef if env_steps > cfg.bc_warmup_steps else 0.0
                     if pg_w and kl.item() > cfg.target_kl:
                         stop = True
                         break
@@ -231,7 +233,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                     opt_c.step()
                 if stop:
                     break
-            if env_steps > cfg.bc_warmup_steps:  # the BC weight anneals once PPO has joined
+            if joined:  # the BC weight anneals once PPO has joined
                 bc = max(cfg.bc_min, bc * cfg.bc_decay)
             bar.set_postfix(bc=round(bc, 3), bc_loss=round(bc_loss.item(), 4))
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
@@ -263,27 +265,27 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
 
 def _stepper(policy) -> tuple[Callable[[dict], np.ndarray], Callable[[list[int] | None], None]]:
     """``(act, reset)`` for :func:`evaluate_success`: one action per env step. A chunk policy's
-    chunk is executed in full before it is asked again, as ``robopolicy eval`` runs it."""
+    chunk is executed in full before it is asked again (``robopolicy eval``'s ChunkExecutor, one
+    per env)."""
     if policy.horizon == 1:
         return (lambda o: policy.predict(o)[:, 0].numpy()), policy.reset
-    queues: list[list[np.ndarray]] = []
+    executors: list[ChunkExecutor] = []
 
     def act(obs):
-        nonlocal queues
-        chunk = None
         n = len(np.asarray(obs["observation.state"]))
-        if len(queues) != n:
-            queues = [[] for _ in range(n)]
-        for i, q in enumerate(queues):
-            if not q:
-                chunk = policy.predict(obs).numpy() if chunk is None else chunk
-                q.extend(chunk[i])
-        return np.stack([q.pop(0) for q in queues])
+        if len(executors) != n:
+            executors[:] = [ChunkExecutor() for _ in range(n)]
+        if any(e.needs_chunk() for e in executors):
+            chunk = policy.predict(obs).numpy()
+            for e, c in zip(executors, chunk):
+                if e.needs_chunk():
+                    e.add(c)
+        return np.stack([e.next_action() for e in executors])
 
     def reset(rows=None):
-        for i in (range(len(queues)) if rows is None else rows):
-            if i < len(queues):
-                queues[i] = []
+        for i in (range(len(executors)) if rows is None else rows):
+            if i < len(executors):
+                executors[i].reset()
         policy.reset(rows)
 
     return act, reset
