@@ -9,6 +9,8 @@ _ENTRY_POINTS = {
     "robopolicy/ArmReach-v0": "sim_envs.arm.env:ArmReachEnv",
     "robopolicy/ArmPushCube-v0": "sim_envs.arm.env:ArmPushCubeEnv",
     "robopolicy/ArmPickPlace-v0": "sim_envs.arm.env:ArmPickPlaceEnv",
+    # a task with a known answer, for checking that a learning loop learns (sim_envs.point)
+    "robopolicy/PointReach-v0": "sim_envs.point:PointReachEnv",
 }
 
 ENV_IDS: tuple[str, ...] = tuple(_ENTRY_POINTS)

@@ -279,3 +279,28 @@ def test_pickplace_splits_hold_out_goal_pairs():
             assert len(set(info["cube_colors"])) == env.num_cubes
     with pytest.raises(ValueError, match="split"):
         ArmPickPlaceEnv(split="val")
+
+
+def test_point_reach_has_a_known_answer():
+    import gymnasium
+
+    from sim_envs import make_oracle
+
+    env = gymnasium.make("robopolicy/PointReach-v0", render_mode="rgb_array", render_size=48)
+    wins, steps = 0, []
+    oracle = make_oracle(env)
+    for seed in range(20):
+        obs, info = env.reset(seed=seed)
+        oracle.reset(obs, info)
+        for t in range(60):
+            obs, reward, term, trunc, info = env.step(oracle.act(obs, info).action)
+            if term or trunc:
+                break
+        wins += info["episode_metrics"]["success"]
+        steps.append(t + 1)
+    assert wins == 20 and max(steps) <= 15  # straight at the goal: never more than ~11 steps
+    assert env.render().shape == (48, 48, 3)
+    with pytest.raises(ValueError, match="non-finite"):
+        env.step(np.array([np.nan, 0.0]))
+    with pytest.raises(ValueError, match="tolerance"):
+        gymnasium.make("robopolicy/PointReach-v0", tolerance=2.0)

@@ -390,3 +390,77 @@ def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
     with pytest.raises(PolicyError, match="chunk policy checkpoint"):
         rpd.train(rcfg, teacher=ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8]), so101.JOINT_LOW,
                                                so101.JOINT_HIGH, state_dim=6), log=lambda s: None)
+
+
+def test_clipped_likelihood_scores_a_clipped_sample_by_the_mass_beyond_the_bound():
+    from torch.distributions import Normal
+
+    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8], chunk=2), LOW, HIGH, state_dim=6)
+    mu = torch.tensor([[0.5, 0.0, 2.0, -0.5] + [0.0] * 8], requires_grad=True)
+    std = torch.full_like(mu, 0.2)
+    r = torch.tensor([[0.6, 1.3, 2.5, -1.7] + [0.0] * 8])  # inside, beyond +1, beyond +1, beyond -1
+    dist = Normal(mu, std)
+    got = policy.log_prob(dist, r)
+    n01 = Normal(torch.tensor(0.0, dtype=torch.float64), 1.0)  # float64: a tail of 3e-7 loses its digits in float32
+
+    def log_cdf(z):
+        return n01.cdf(torch.tensor(z, dtype=torch.float64)).log().float()
+
+    want = (dist.log_prob(r)[0, 0] + log_cdf((0.0 - 1.0) / 0.2) + log_cdf((2.0 - 1.0) / 0.2)
+            + log_cdf((-1.0 + 0.5) / 0.2) + dist.log_prob(r)[0, 4:].sum())
+    torch.testing.assert_close(got, want[None])
+    torch.testing.assert_close(policy.log_prob(dist, r, clipped=False), dist.log_prob(r).sum(-1))
+    # a mean already past the bound gets (almost) no push further out from a clipped sample;
+    # the density keeps pushing it by (r - mu) / std^2
+    got.sum().backward()
+    assert abs(mu.grad[0, 2].item()) < 1e-3 and mu.grad[0, 0].item() == pytest.approx((0.6 - 0.5) / 0.04, rel=1e-4)
+    # with a base, the bounds on the residual sample move with the base action and the scale
+    base = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8], scale=0.5), LOW, HIGH, base=tiny_base())
+    d1 = Normal(torch.zeros(1, 6), torch.ones(1, 6))
+    base_norm = torch.full((1, 6), 0.8)  # executed: clip(0.8 + 0.5 r): the bound is at r = 0.4
+    inside, beyond = torch.full((1, 6), 0.3), torch.full((1, 6), 0.5)
+    torch.testing.assert_close(base.log_prob(d1, inside, base_norm), d1.log_prob(inside).sum(-1))
+    torch.testing.assert_close(base.log_prob(d1, beyond, base_norm), (6 * log_cdf(-0.4))[None])
+
+
+def test_ppo_from_scratch_learns_a_task_with_a_known_answer(tmp_path):
+    from robopolicy.refine import residual_ppo
+
+    cfg = residual_ppo.ResidualPPOConfig(env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
+                                         residual=ResidualConfig(inputs=["state"], hidden=[64, 64], log_std=-0.5),
+                                         total_env_steps=12_000, num_envs=2, num_steps=256, eval_every=12_000,
+                                         eval_episodes=50, eval_envs=1, out_dir=str(tmp_path / "ppo"), progress=False)
+    summary = residual_ppo.train(cfg, log=lambda s: None)
+    assert summary["before"] <= 0.1 and summary["after"] >= 0.8
+
+
+def point_teacher(horizon: int = 8) -> Policy:
+    """A chunk policy for PointReach that has learnt nothing: it stays where it is."""
+    torch.manual_seed(0)
+    cfg = PolicyConfig(head="chunk_l1", cameras=[], use_state=True, context_strides=[0], horizon=horizon,
+                       language=LanguageConfig(enabled=False), d_model=16, n_heads=2, n_layers=1, head_layers=1,
+                       action_shape=[2], state_dim=4)
+    z = lambda d, v: np.full(d, v, np.float32)  # noqa: E731
+    stats = {"action": {"mean": z(2, 0), "std": z(2, 1e-3)}, "observation.state": {"mean": z(4, 0.5), "std": z(4, 0.3)}}
+    return Policy(cfg, {k: {**v, **{s: v["mean"] for s in ("min", "max", "q01", "q99")}} for k, v in stats.items()}).eval()
+
+
+def test_rpd_student_surpasses_its_teacher_with_the_reward(tmp_path):
+    from robopolicy.refine import rpd
+
+    student = ResidualConfig(inputs=["state"], hidden=[64, 64], log_std=-0.5, chunk=4)
+    cfg = rpd.RPDConfig(env=EnvConfig("robopolicy/PointReach-v0"), student=student, reward="dense",
+                        total_env_steps=16_384, num_envs=2, num_steps=512, minibatches=1, update_epochs=10,
+                        bc_weight=0.1, bc_decay=0.5, bc_min=0.0, target_kl=0.1, eval_every=16_384, eval_episodes=50,
+                        eval_envs=1, out_dir=str(tmp_path / "rpd"), progress=False)
+    summary = rpd.train(cfg, teacher=point_teacher(), log=lambda s: None)
+    assert summary["teacher_success"] <= 0.1 and summary["student_after"] >= 0.7
+    rows = (tmp_path / "rpd" / "curve.csv").read_text().splitlines()
+    assert rows[0].split(",")[-1] == "train_success" and len(rows) == 3
+    # a later run may start from this student; another architecture is refused
+    cfg.init_student, cfg.total_env_steps, cfg.out_dir = summary["checkpoint"], 1024, str(tmp_path / "again")
+    again = rpd.train(cfg, teacher=point_teacher(), log=lambda s: None)
+    assert again["student_before"] >= 0.7
+    cfg.student = ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5, chunk=4)
+    with pytest.raises(PolicyError, match=r"not a student of this architecture \(hidden \[64, 64\] vs \[32\]\)"):
+        rpd.train(cfg, teacher=point_teacher(), log=lambda s: None)

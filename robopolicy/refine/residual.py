@@ -278,6 +278,33 @@ class ResidualPolicy(nn.Module):
         std = self.log_std.exp().repeat(self.config.chunk)
         return torch.distributions.Normal(self.actor(x_normed), std.expand(x_normed.shape[0], -1))
 
+    def log_prob(self, dist: torch.distributions.Normal, r: torch.Tensor, base_norm: torch.Tensor | None = None,
+                 clipped: bool = True) -> torch.Tensor:
+        """Log-likelihood ``(B,)`` of residual samples ``r`` (``(B, A)`` or ``(B, chunk * A)``).
+
+        The env executes ``clip(base_norm + scale * r, -1, 1)``: every sample beyond a bound
+        executes the bound itself. ``clipped`` (the clipped-action policy gradient, Fujita & Maeda
+        2018) scores such a sample by the probability mass beyond the bound, ``log P(r >= hi)``,
+        instead of its density. With the density, a dimension the task wants at its bound (a
+        gripper fully closed, a point at full speed) gives a gradient that keeps pushing the mean
+        outward, beyond the box, without limit; with the tail mass that gradient vanishes once the
+        mean is past the bound. ``base_norm``: ``(B, A)`` normalized base actions (``None``: 0)."""
+        logp = dist.log_prob(r)
+        if not clipped:
+            return logp.sum(-1)
+        k = self.config.chunk
+        base = torch.zeros_like(r) if base_norm is None else base_norm.repeat(1, k)
+        scale = self.step_scale.repeat(k).expand_as(r)
+        inf = torch.full_like(r, float("inf"))
+        safe = scale.clamp(min=1e-12)
+        lo = torch.where(scale > 0, (-1.0 - base) / safe, -inf)
+        hi = torch.where(scale > 0, (1.0 - base) / safe, inf)
+        mu, std = dist.mean, dist.stddev
+        upper = torch.special.log_ndtr((mu - hi) / std)  # log P(sample >= hi)
+        lower = torch.special.log_ndtr((lo - mu) / std)  # log P(sample <= lo)
+        logp = torch.where(r >= hi, upper, torch.where(r <= lo, lower, logp))
+        return logp.sum(-1)
+
     def value(self, x_normed: torch.Tensor) -> torch.Tensor:
         return self.critic(x_normed).squeeze(-1)
 

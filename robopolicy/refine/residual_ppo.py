@@ -53,6 +53,9 @@ class ResidualPPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 1.0
     reward_clip: float = 5.0
+    clipped_likelihood: bool = True
+    """Score a sample whose action the box clips by the probability mass beyond the bound (see
+    ``ResidualPolicy.log_prob``); False: by its Gaussian density."""
     noise_hold: int = 1
     """Hold each env's exploration noise for this many steps (1: a fresh sample every step, as
     ResiP). The likelihood stays the per-step Gaussian. Held noise (e.g. over the 8 executed steps
@@ -124,7 +127,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     n, T, a_dim = cfg.num_envs, cfg.num_steps, policy.action_loc.shape[0]
     d_in = policy.norm.mean.shape[0]
     x_buf = torch.zeros(T, n, d_in)
-    r_buf, logp_buf = torch.zeros(T, n, a_dim), torch.zeros(T, n)
+    r_buf, logp_buf, base_buf = torch.zeros(T, n, a_dim), torch.zeros(T, n), torch.zeros(T, n, a_dim)
     rew_buf, done_buf, val_buf = torch.zeros(T, n), torch.zeros(T, n), torch.zeros(T, n)
     scaler = RewardScaler(n, cfg.gamma, cfg.reward_clip)
     noise = torch.zeros(n, a_dim)
@@ -147,7 +150,8 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                     since += 1
                     r = dist.mean + dist.stddev * noise
                     action = policy.env_action(base_norm, r)
-                    x_buf[t], r_buf[t], logp_buf[t] = x, r, dist.log_prob(r).sum(-1)
+                    x_buf[t], r_buf[t], base_buf[t] = x, r, base_norm
+                    logp_buf[t] = policy.log_prob(dist, r, base_norm, clipped=cfg.clipped_likelihood)
                     val_buf[t] = policy.value(x)
                     obs, reward, term, trunc, info = envs.step(action.numpy())
                     done = np.logical_or(term, trunc)
@@ -167,6 +171,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
 
             # ---- PPO: full-batch (or minibatch) epochs, early stop at target KL
             b_x, b_r, b_logp = x_buf.reshape(T * n, -1), r_buf.reshape(T * n, -1), logp_buf.reshape(-1)
+            b_base = base_buf.reshape(T * n, -1)
             b_adv, b_ret = adv.reshape(-1), ret.reshape(-1)
             b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
             stats = {}
@@ -175,7 +180,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                 kl_stop = False
                 for idx in perm.chunk(cfg.minibatches):
                     dist = policy.dist(b_x[idx])
-                    new_logp = dist.log_prob(b_r[idx]).sum(-1)
+                    new_logp = policy.log_prob(dist, b_r[idx], b_base[idx], clipped=cfg.clipped_likelihood)
                     pg_loss, kl = ppo_loss(new_logp, b_logp[idx], b_adv[idx], cfg.clip)
                     v_loss = 0.5 * (policy.value(b_x[idx]) - b_ret[idx]).pow(2).mean()
                     if kl.item() > cfg.target_kl:

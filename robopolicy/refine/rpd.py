@@ -44,6 +44,10 @@ class RPDConfig:
     student: ResidualConfig = field(default_factory=lambda: ResidualConfig(
         inputs=["state", "environment_state"], hidden=[64, 64], log_std=-1.5))
     """Compact student (no base: acts on the whole action)."""
+    init_student: str = ""
+    """A student checkpoint to start from (e.g. an earlier run's ``best/``): its actor, critic
+    and input statistics; its architecture must be ``student``'s, and the log-std is
+    ``student.log_std``. Empty: a fresh student."""
     reward: str = "sparse"
     total_env_steps: int = 20_000
     num_envs: int = 2
@@ -77,6 +81,10 @@ class RPDConfig:
     """Env steps with the BC term alone before the PPO term joins: a student far from the teacher
     sees no reward under a sparse task, and the PPO term's normalized advantages are then only the
     critic's noise, which a small action std turns into large steps of the mean."""
+    clipped_likelihood: bool = True
+    """Score a sample beyond the action box by the probability mass beyond it (see
+    ``ResidualPolicy.log_prob``); False: by its Gaussian density, which pushes the mean of any
+    action the task wants at a bound outward without limit."""
     max_grad_norm: float = 1.0
     reward_clip: float = 5.0
     eval_every: int = 4_000
@@ -107,6 +115,8 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     student = ResidualPolicy(cfg.student, act_space.low, act_space.high, base=None,
                              state_dim=obs_space["observation.state"].shape[0],
                              env_state_dim=obs_space[ENV_STATE].shape[0] if privileged else 0)
+    if cfg.init_student:
+        _init_from(student, cfg.init_student)
     teacher_wrap = ResidualPolicy(ResidualConfig(inputs=["base_action"]), act_space.low, act_space.high, base=teacher) \
         if not isinstance(teacher, ResidualPolicy) else teacher
     k = student.config.chunk
@@ -137,6 +147,8 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     queues: list[list[np.ndarray]] = [[] for _ in range(n)]  # the student's chunk being executed, per env
     pending: list[dict | None] = [None] * n  # the decision that chunk came from
     env_steps, next_eval, bc = 0, cfg.eval_every, cfg.bc_weight
+    ppo_on = False
+    train_eps: list[bool] = []  # success of the training episodes since the last evaluation
     best: tuple[int, float] | None = None  # (env steps, success) of the best evaluation
     buf_x = buf_y = None  # the BC buffer (bc_buffer > 0): raw student inputs and teacher labels
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
@@ -155,7 +167,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                     if need:
                         dist = student.dist(x[need])
                         r = dist.sample()
-                        logp, val = dist.log_prob(r).sum(-1), student.value(x[need])
+                        logp, val = student.log_prob(dist, r, clipped=cfg.clipped_likelihood), student.value(x[need])
                         acts = student.env_action(torch.zeros(len(need), student.action_loc.shape[0]), r)
                         acts = acts.reshape(len(need), k, -1).numpy()
                         for j, i in enumerate(need):
@@ -164,8 +176,11 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                             pending[i] = {"x": x[i], "r": r[j], "logp": logp[j], "v": val[j], "R": 0.0, "g": 1.0,
                                           "done": False}
                             queues[i] = list(acts[j])
-                    obs, reward, term, trunc, _info = envs.step(np.stack([q.pop(0) for q in queues]))
+                    obs, reward, term, trunc, info = envs.step(np.stack([q.pop(0) for q in queues]))
                     done = np.logical_or(term, trunc)
+                    if done.any():  # the sampled (exploring) student's episodes, for the training success
+                        won = np.asarray(info.get("final_info", {}).get("is_success", np.zeros(n)))
+                        train_eps.extend(bool(won[i]) for i in np.flatnonzero(done))
                     scaled = scaler(np.asarray(reward, np.float64), done)
                     for i in range(n):
                         rec = pending[i]
@@ -206,16 +221,20 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
             m = len(recs)
             joined = env_steps > cfg.bc_warmup_steps  # PPO's term is on from here
             pg_w = cfg.pg_coef if joined else 0.0
-            if joined and cfg.ppo_actor_lr is not None:
-                for group in opt_a.param_groups:
-                    group["lr"] = cfg.ppo_actor_lr
+            if joined and not ppo_on:
+                # A fresh actor optimizer: Adam's second moments, adapted to the BC term's small
+                # gradients, would otherwise turn the PPO term's far larger ones into steps many
+                # times the learning rate until they catch up (hundreds of steps).
+                ppo_on = True
+                opt_a = torch.optim.Adam(params["actor"], lr=cfg.actor_lr if cfg.ppo_actor_lr is None else cfg.ppo_actor_lr,
+                                        eps=1e-5)
             for _epoch in range(cfg.update_epochs):
                 stop = False
                 bc_idx = torch.randperm(len(bc_x))[:per_batch].chunk(cfg.minibatches)
                 for idx, bidx in zip(torch.randperm(m).chunk(cfg.minibatches), bc_idx):
                     dist = student.dist(b_x[idx])
-                    pg, kl = ppo_loss(dist.log_prob(b_r[idx]).sum(-1), b_logp[idx], b_adv[idx], cfg.clip,
-                                      cfg.dual_clip)
+                    pg, kl = ppo_loss(student.log_prob(dist, b_r[idx], clipped=cfg.clipped_likelihood), b_logp[idx],
+                                      b_adv[idx], cfg.clip, cfg.dual_clip)
                     if pg_w and kl.item() > cfg.target_kl:
                         stop = True
                         break
@@ -235,15 +254,19 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                     break
             if joined:  # the BC weight anneals once PPO has joined
                 bc = max(cfg.bc_min, bc * cfg.bc_decay)
-            bar.set_postfix(bc=round(bc, 3), bc_loss=round(bc_loss.item(), 4))
+            bar.set_postfix(bc=round(bc, 3), bc_loss=round(bc_loss.item(), 4),
+                            train_sr=round(float(np.mean(train_eps)), 2) if train_eps else None)
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
                 next_eval += cfg.eval_every
                 res = ev(student)
-                curve.add(env_steps, res.success, bc_weight=bc, bc_loss=float(bc_loss.item()))
+                train_sr = float(np.mean(train_eps)) if train_eps else float("nan")
+                train_eps.clear()
+                curve.add(env_steps, res.success, bc_weight=bc, bc_loss=float(bc_loss.item()), train_success=train_sr)
                 if best is None or res.success > best[1]:  # the curve need not rise: keep its best point
                     best = (env_steps, res.success)
                     student.save(out / "best")
-                log(f"[rpd] {env_steps} env steps: student success {res.success:.1%} (bc weight {bc:.3f}, "
+                log(f"[rpd] {env_steps} env steps: student success {res.success:.1%}, sampled {train_sr:.1%} in "
+                    f"training (bc weight {bc:.3f}, "
                     f"bc loss {bc_loss.item():.4f})")
     finally:
         bar.close()
@@ -261,6 +284,21 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     summary["size_ratio"] = summary["teacher_params"] / summary["student_params"]
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _init_from(student: ResidualPolicy, directory: str) -> None:
+    """Copy a saved student's actor, critic and input statistics into ``student`` (same
+    architecture), keeping ``student``'s own log-std."""
+    saved = ResidualPolicy.load(directory)
+    mine, theirs = student.config, saved.config
+    fields = ("inputs", "hidden", "chunk")
+    diff = [f for f in fields if getattr(mine, f) != getattr(theirs, f)]
+    if saved.base is not None or diff or saved.input_dims != student.input_dims:
+        what = ", ".join(f"{f} {getattr(theirs, f)} vs {getattr(mine, f)}" for f in diff) or \
+            ("it has a base policy" if saved.base is not None else f"inputs {saved.input_dims} vs {student.input_dims}")
+        raise PolicyError(f"init_student {directory}: not a student of this architecture ({what})")
+    state = {k: v for k, v in saved.state_dict().items() if k != "log_std"}
+    student.load_state_dict(state, strict=False)
 
 
 def _stepper(policy) -> tuple[Callable[[dict], np.ndarray], Callable[[list[int] | None], None]]:
