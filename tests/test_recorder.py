@@ -106,6 +106,27 @@ def test_recorder_writes_lerobot_v3_with_late_frames(tmp_path):
     assert stats["index"]["max"] == [23] and stats["observation.state"]["max"][0] == 1011
 
 
+def test_a_commit_reads_the_last_episode_files_only(tmp_path, monkeypatch):
+    # committing episode N must not read every earlier episode's metadata (that made collecting
+    # N episodes cost O(N^2) reads: 300 short episodes took minutes)
+    features = make_features()
+    root = tmp_path / "ds"
+    rec = R.EpisodeRecorder(root, features, fps=FPS)
+    for ep in range(4):
+        record(rec, features, ep, n=3)
+    reads = []
+    real = R.read_parquet
+    monkeypatch.setattr(R, "read_parquet", lambda path, what: (reads.append(what), real(path, what))[1])
+    record(rec, features, 4, n=3)
+    rec.close()
+    assert reads.count("episode metadata") <= 1
+    ds = load_lerobot(root)
+    assert ds.meta.total_episodes == 5 and len(ds) == 15
+    ep = ds.meta.episodes[4]
+    assert ep["dataset_from_index"] == 12 and int(ds[14]["episode_index"]) == 4
+    assert len({(r["data/chunk_index"], r["data/file_index"]) for r in R.read_episodes(root).to_pylist()}) == 5
+
+
 def test_resume_requires_flag_and_matching_features(tmp_path):
     features = make_features()
     root = tmp_path / "ds"

@@ -205,6 +205,19 @@ def read_episodes(root: Path, committed_only: bool = True) -> pa.Table | None:
     return table
 
 
+def last_committed_episodes(root: Path, total_episodes: int) -> pa.Table | None:
+    """The committed rows of the last episode-metadata file that has any (``None``: no episode).
+
+    Episodes are appended in order, so the last committed episode's files are the dataset's
+    last ones: a commit reads one or two metadata files, not every episode's."""
+    for path in reversed(episodes_files(Path(root))):
+        table = read_parquet(path, "episode metadata")
+        table = table.filter(pc.less(table[F.EPISODE_INDEX], pa.scalar(total_episodes, pa.int64())))
+        if table.num_rows:
+            return table
+    return None
+
+
 def feature_signature(features: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Features reduced to what must match between datasets: dtype and shape per key."""
     return {k: (ft["dtype"], tuple(int(s) for s in ft["shape"])) for k, ft in features.items()}
@@ -332,8 +345,8 @@ def commit_staged(root: str | Path, staged: str | Path) -> int:
             raise DatasetError(f"staged episode {staged}: fps {s_info['fps']} != dataset fps {info['fps']}")
         extra = json.loads((staged / EPISODE_JSON).read_text()) if (staged / EPISODE_JSON).is_file() else {}
 
-        episodes = read_episodes(root, committed_only=True)
         ep_index = int(info["total_episodes"])
+        episodes = last_committed_episodes(root, ep_index)  # where the last files are
         frame_offset = int(info["total_frames"])
         chunks_size = int(info["chunks_size"])
         video_keys = [k for k, ft in info["features"].items() if ft["dtype"] == "video"]
