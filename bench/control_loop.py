@@ -10,7 +10,13 @@ settings (as lerobot's record/teleoperate loops).
 Lateness = tick start − its intended start (ours: the fixed schedule; LeRobot-style: previous
 start + period, since it keeps no schedule). Missed deadline = lateness + work > period.
 
-    python bench/control_loop.py --duration 60 --rate 500 --work-ms 30
+``--probe`` also runs an independent probe process beside each loop: the same hybrid sleep at
+the same rate and priority, and nothing else (no GIL shared with the node, no driver, no
+worker). A missed tick of the node that falls inside a stall of the probe was a stall of the
+machine (the OS or the hypervisor), not of the node. The CPU time stolen by the hypervisor over
+each run (/proc/stat) is printed as well.
+
+    python bench/control_loop.py --duration 60 --rate 500 --work-ms 30 [--probe]
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +32,7 @@ import time
 import numpy as np
 
 from hardware.control import ActionScheduler, ControlNode, NodeConfig, PolicyWorkerSource, SafetyFilter
+from hardware.control.clock import setup_realtime, sleep_until
 from hardware.drivers.base import DriverSpec
 
 
@@ -66,9 +74,49 @@ class SleepLoopNode(ControlNode):
             t0 = time.monotonic()
             self._tick(t0)
             t1 = time.monotonic()
-            self.timer.record(t0 - intended, t1 - t0)
+            self.timer.record(t0 - intended, t1 - t0, t0)
             time.sleep(max(self.period - (t1 - t0), 0.0))
             intended = t0 + self.period
+
+
+def steal_seconds() -> float:
+    """CPU time stolen by the hypervisor so far, all CPUs (/proc/stat; NaN where unavailable)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def probe_main(out: str, duration: float, rate: float, spin: float, fifo: bool) -> None:
+    """The probe process: hybrid sleep to a fixed schedule, one timestamp per tick, nothing else."""
+    setup_realtime(fifo, 50, None)
+    period, n = 1.0 / rate, int(duration * rate)
+    start, late = np.zeros(n), np.zeros(n)
+    deadline = time.monotonic()
+    for i in range(n):
+        sleep_until(deadline, spin)
+        t0 = time.monotonic()
+        start[i], late[i] = t0, t0 - deadline
+        deadline += period
+        if t0 > deadline:
+            deadline += (int((t0 - deadline) / period) + 1) * period
+    np.savez(out, start=start, late=late)
+
+
+def coincide(miss_start: np.ndarray, miss_late: np.ndarray, probe: dict, min_stall: float = 5e-4) -> int:
+    """How many of the node's missed ticks overlap a stall (lateness >= min_stall) of the probe."""
+    stalled = probe["late"] >= min_stall
+    s_end = probe["start"][stalled]
+    s_begin = s_end - probe["late"][stalled]
+    hits = 0
+    for t, lt in zip(miss_start, miss_late):
+        # the node's tick was due at t - lt and started at t; a probe stall overlapping that
+        # window (1 ms of slack either side for the two schedules' phase) is the same event
+        if np.any((s_begin <= t + 1e-3) & (s_end >= t - lt - 1e-3)):
+            hits += 1
+    return hits
 
 
 def run_one(cls, name: str, args, workdir: str) -> dict:
@@ -83,17 +131,38 @@ def run_one(cls, name: str, args, workdir: str) -> dict:
     deadline = time.monotonic() + 30
     while src.replies == 0 and time.monotonic() < deadline:  # worker start-up is not loop timing
         time.sleep(0.05)
+    probe_proc, probe_out = None, os.path.join(workdir, f"probe-{len(name)}.npz")
+    if args.probe:
+        probe_proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--probe-out", probe_out,
+                                       "--duration", str(args.duration + 1.0), "--rate", str(args.rate),
+                                       "--spin-us", str(args.spin_us)] + (["--no-fifo"] if args.no_fifo else []))
+        time.sleep(0.5)
     skip = node.timer.n
     node.timer.missed = 0
     node.timer.skipped = 0
+    steal0 = steal_seconds()
     t0 = time.monotonic()
     time.sleep(args.duration)
     wall = time.monotonic() - t0
+    steal = steal_seconds() - steal0
     node.close()
     late = node.timer.lateness[skip : node.timer.n] * 1e6
     work = node.timer.work[skip : node.timer.n] * 1e6
-    missed = int(np.sum((late + work) / 1e6 > 1.0 / args.rate))
-    return {
+    is_miss = (late + work) / 1e6 > 1.0 / args.rate
+    missed = int(np.sum(is_miss))
+    probe = {}
+    if probe_proc is not None:
+        probe_proc.wait(timeout=30)
+        pr = dict(np.load(probe_out))
+        keep = (pr["start"] >= t0) & (pr["start"] <= t0 + wall)
+        pr = {k: v[keep] for k, v in pr.items()}
+        starts = node.timer.start[skip : node.timer.n]
+        probe = {"probe_ticks": int(keep.sum()), "probe_p99_us": float(np.percentile(pr["late"], 99) * 1e6),
+                 "probe_max_us": float(pr["late"].max() * 1e6),
+                 "probe_stalls": int(np.sum(pr["late"] >= 5e-4)),
+                 "probe_missed": int(np.sum(pr["late"] > 1.0 / args.rate)),
+                 "misses_in_probe_stall": coincide(starts[is_miss], late[is_miss] / 1e6, pr)}
+    return {**probe, "steal_s": steal,
         "loop": name, "ticks": len(late), "achieved_hz": len(late) / wall,
         "p50_us": float(np.percentile(late, 50)), "p99_us": float(np.percentile(late, 99)),
         "max_us": float(late.max()), "missed": missed, "skipped": node.timer.skipped,
@@ -111,8 +180,13 @@ def main() -> None:
     p.add_argument("--work-ms", type=float, default=30.0, help="CPU burnt per inference in the worker")
     p.add_argument("--spin-us", type=float, default=300.0)
     p.add_argument("--no-fifo", action="store_true")
+    p.add_argument("--probe", action="store_true", help="run the independent probe process beside each loop")
+    p.add_argument("--probe-out", help=argparse.SUPPRESS)  # internal: this process is the probe
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
+    if args.probe_out:
+        probe_main(args.probe_out, args.duration, args.rate, args.spin_us * 1e-6, not args.no_fifo)
+        return
     load = os.getloadavg()
     print(f"control loop at {args.rate:.0f} Hz for {args.duration:.0f} s each, worker {args.work_ms:.0f} ms/inference "
           f"at {args.policy_hz:.0f} Hz; {os.cpu_count()} CPUs, load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
@@ -129,6 +203,13 @@ def main() -> None:
     print(f"\nratio ours / LeRobot-style: p50 {ratio(ours['p50_us'], base['p50_us']):.2f}, "
           f"p99 {ratio(ours['p99_us'], base['p99_us']):.2f}, max {ratio(ours['max_us'], base['max_us']):.2f}, "
           f"missed {ours['missed']} vs {base['missed']}")
+    for r in rows:
+        line = f"{r['loop']}: {r['steal_s'] * 1e3:.0f} ms of CPU stolen by the hypervisor during the run"
+        if "probe_ticks" in r:
+            line += (f"; probe process beside it: p99 {r['probe_p99_us']:.0f} us, max {r['probe_max_us']:.0f} us, "
+                     f"{r['probe_stalls']} stalls >= 0.5 ms, {r['probe_missed']} deadlines missed; {r['misses_in_probe_stall']} of {r['missed']} missed "
+                     f"ticks fell in a probe stall")
+        print(line)
     print(f"ours: realtime {ours['realtime']}; chunks {ours['chunks']}; goal p99 <= 200 us, 0 missed")
     print(f"load average after {load2[0]:.2f} {load2[1]:.2f} {load2[2]:.2f}")
     if args.json:

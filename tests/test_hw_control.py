@@ -230,3 +230,9 @@ def test_timing_is_recorded_with_real_timestamps(moving_node):
     assert rep["scheduler"]["chunks_received"] > 0
     # ticks ≈ elapsed / period: the timer does not pretend the loop kept a rate it did not keep
     assert t["ticks"] + t["skipped_ticks"] <= (time.monotonic() - node._t_start + 0.5) * node.rate
+    # each tick's start is kept (time.monotonic), increasing, about one period apart on average
+    n = node.timer.n
+    starts = node.timer.start[:n]
+    assert np.all(np.isfinite(starts)) and np.all(np.diff(starts) > 0)
+    assert starts[-1] <= time.monotonic()
+    assert np.median(np.diff(starts)) == pytest.approx(1.0 / node.rate, rel=0.5)

@@ -60,15 +60,17 @@ class TickTimer:
         self.period = float(period)
         self.lateness = np.zeros(capacity)
         self.work = np.zeros(capacity)
+        self.start = np.full(capacity, np.nan)  # tick start, time.monotonic (NaN: not given)
         self.n = 0
         self.missed = 0  # ticks whose work ended after the next deadline
         self.skipped = 0  # deadlines jumped over after an overrun (never executed)
         self.overflow = 0
 
-    def record(self, lateness: float, work: float) -> None:
+    def record(self, lateness: float, work: float, start: float = float("nan")) -> None:
         if self.n < len(self.lateness):
             self.lateness[self.n] = lateness
             self.work[self.n] = work
+            self.start[self.n] = start
             self.n += 1
         else:
             self.overflow += 1

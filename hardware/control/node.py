@@ -209,7 +209,7 @@ class ControlNode:
             t0 = time.monotonic()
             self._tick(t0)
             t1 = time.monotonic()
-            self.timer.record(t0 - deadline, t1 - t0)
+            self.timer.record(t0 - deadline, t1 - t0, t0)
             deadline += self.period
             if t1 > deadline:  # overrun: count the deadlines we jump over, do not try to catch up
                 missed = int((t1 - deadline) / self.period) + 1
