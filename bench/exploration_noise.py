@@ -9,6 +9,11 @@ an untrained residual whose samples are Gaussian noise of each ``log_std`` (in r
 then times ``residual.scale`` / ``scale_per_dim``), on the evaluation seeds, and prints the
 success rate per noise level beside the noiseless base (the anchor). A level that drops success
 far below the base is too much exploration for PPO to start from.
+
+With ``repeats=R`` every noise level runs the same layouts R times with fresh noise and also
+reports the share of layouts whose outcome differs between repeats. Under a sparse reward only
+those carry a policy-gradient signal: a layout that always succeeds (or always fails) whatever
+the noise gives every sampled correction the same return.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class NoiseBenchConfig:
     envs: int = 2
     seed: int = 100_000
     threads: int = 1
+    repeats: int = 1
+    """Runs of the same layouts per noise level (>= 2 also reports the layouts whose outcome varies)."""
 
 
 def main(argv: list[str]) -> int:
@@ -51,19 +58,29 @@ def main(argv: list[str]) -> int:
     policy = build_policy(rcfg)
     gen = torch.Generator().manual_seed(0)
     rows = []
+    if cfg.repeats < 1:
+        raise SystemExit("repeats must be >= 1")
     for log_std in [None, *cfg.log_stds]:
         def act(obs, log_std=log_std):
             _, base_norm = policy.residual_input(obs)
             noise = torch.zeros_like(base_norm) if log_std is None else \
                 torch.randn(base_norm.shape, generator=gen) * float(np.exp(log_std))
             return policy.env_action(base_norm, noise).numpy()
-        res = evaluate_success(act, policy.reset, rcfg.env, cfg.episodes, cfg.envs, cfg.seed, **env_kwargs(rcfg))
-        rows.append(("none (base)" if log_std is None else f"{log_std:+.1f}", res.success))
-        print(f"[noise] log_std {rows[-1][0]}: success {res.success:.0%}", flush=True)
+        outcomes = []  # (repeats, episodes): success of each layout in each repeat
+        for _ in range(1 if log_std is None else cfg.repeats):
+            res = evaluate_success(act, policy.reset, rcfg.env, cfg.episodes, cfg.envs, cfg.seed, **env_kwargs(rcfg))
+            outcomes.append([bool(r["success"]) for r in res.records])
+        won = np.array(outcomes)
+        varies = float(np.mean(won.any(0) & ~won.all(0))) if len(won) > 1 else float("nan")
+        rows.append(("none (base)" if log_std is None else f"{log_std:+.1f}", float(won.mean()), varies))
+        extra = f", outcome varies on {varies:.0%} of the layouts" if len(won) > 1 else ""
+        print(f"[noise] log_std {rows[-1][0]}: success {rows[-1][1]:.0%}{extra}", flush=True)
     base = rows[0][1]
-    print(f"\n| residual log-std | success ({cfg.episodes} episodes) | vs base |\n|---|---:|---:|")
-    for name, sr in rows:
-        print(f"| {name} | {sr:.0%} | {sr / base:.2f}x |" if base > 0 else f"| {name} | {sr:.0%} | — |")
+    runs = f"{cfg.episodes} layouts x {cfg.repeats}" if cfg.repeats > 1 else f"{cfg.episodes} episodes"
+    print(f"\n| residual log-std | success ({runs}) | vs base | layouts whose outcome varies |\n|---|---:|---:|---:|")
+    for name, sr, varies in rows:
+        ratio = f"{sr / base:.2f}x" if base > 0 else "—"
+        print(f"| {name} | {sr:.0%} | {ratio} | {'—' if np.isnan(varies) else f'{varies:.0%}'} |")
     print(f"\nbase {cfg.base}: {base:.0%} without noise; residual scale {[round(v, 3) for v in policy.step_scale.tolist()]}")
     return 0
 

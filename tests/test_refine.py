@@ -67,6 +67,31 @@ def test_per_dimension_residual_scale():
         ResidualConfig(scale_per_dim=[float("nan")] * 6)
 
 
+def test_the_time_input_counts_each_rows_steps_since_its_reset(tmp_path):
+    with pytest.raises(ValueError, match="time_horizon"):
+        ResidualConfig(inputs=["state", "time"])
+    base = tiny_base()
+    policy = ResidualPolicy(ResidualConfig(inputs=["state", "base_action", "time"], time_horizon=10, execute_steps=4),
+                            LOW, HIGH, base=base)
+    obs = obs_batch(b=3)
+    policy.reset()
+    seen = []
+    for _ in range(3):
+        x, _ = policy.residual_input(obs)
+        seen.append(x[:, -1].numpy().copy())
+    np.testing.assert_allclose(seen, [[0.0] * 3, [0.1] * 3, [0.2] * 3], atol=1e-6)
+    assert policy.residual_input(obs, peek=True)[0][0, -1].item() == pytest.approx(0.3)  # a peek does not count
+    policy.reset([1])  # row 1's episode ended: only its clock restarts
+    np.testing.assert_allclose(policy.residual_input(obs)[0][:, -1].numpy(), [0.3, 0.0, 0.3], atol=1e-6)
+    # an untrained residual still reproduces the base exactly, the clock is saved as an input
+    policy.save(tmp_path / "res")
+    again = load_any_policy(tmp_path / "res")
+    assert again.input_dims["time"] == 1 and again.config.time_horizon == 10
+    policy.reset(), base.reset()
+    chunk = base.predict(obs).numpy()
+    np.testing.assert_allclose(again.predict(obs)[:, 0].numpy(), chunk[:, 0], atol=1e-5)
+
+
 def test_ppo_update_lowers_loss_and_learns_a_bandit():
     torch.manual_seed(0)
     policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5), -np.ones(1), np.ones(1),

@@ -13,7 +13,11 @@ to [-1, 1]. The residual's input is the concatenation of the chosen ``inputs``:
 - ``state``: ``observation.state (D,)``;
 - ``features``: the base's fused memory, mean-pooled ``(d_model,)``, from its latest prediction;
 - ``base_action``: the current base action, normalized ``(A,)``;
-- ``environment_state``: privileged scene state (simulation only; ``observation.environment_state``).
+- ``environment_state``: privileged scene state (simulation only; ``observation.environment_state``);
+- ``time``: the steps this policy has acted since its ``reset``, over ``time_horizon`` ``(1,)``. A
+  task that ends at a time limit has values that depend on the time left, which no observation
+  shows; without it the critic averages over it (Pardo et al., time limits in RL). The policy
+  counts its own steps, so ``eval`` and the control node need nothing extra from the env.
 
 Inputs are standardized by running statistics (buffers, saved with the residual). The last actor
 layer starts at zero, so an untrained residual reproduces the base exactly. Without a base
@@ -41,7 +45,7 @@ from robopolicy.utils.files import atomic_directory
 RESIDUAL_CONFIG = "residual.yaml"
 RESIDUAL_WEIGHTS = "residual.safetensors"
 BASE_DIR = "base"
-INPUTS = ("state", "features", "base_action", "environment_state")
+INPUTS = ("state", "features", "base_action", "environment_state", "time")
 
 
 @dataclass
@@ -64,6 +68,9 @@ class ResidualConfig:
     """Train the log-std (ResiP keeps it fixed)."""
     execute_steps: int = 8
     """Actions executed from each base chunk before the base is asked again (ResiP: 8 of 32)."""
+    time_horizon: int = 0
+    """With the ``time`` input: the step count it is divided by (the task's episode limit, e.g.
+    150 for ArmPushCube), so the input runs 0 → 1 over an episode."""
     chunk: int = 1
     """Without a base only: actions per decision. The actor outputs ``chunk`` actions at once,
     executed open loop (a compact chunk policy, e.g. an RPD student of a chunk teacher whose
@@ -79,6 +86,9 @@ class ResidualConfig:
             raise ValueError("residual.chunk must be >= 1")
         if any(not (np.isfinite(v) and v >= 0) for v in [self.scale, *self.scale_per_dim]):
             raise ValueError("residual.scale and residual.scale_per_dim must be finite and >= 0")
+        if "time" in self.inputs and self.time_horizon < 1:
+            raise ValueError("residual.inputs has 'time': set residual.time_horizon to the task's episode "
+                             "limit in steps (e.g. 150 for ArmPushCube-v0)")
 
 
 def mlp(sizes: Sequence[int], zero_last: bool = False) -> nn.Sequential:
@@ -150,7 +160,7 @@ class ResidualPolicy(nn.Module):
         self.register_buffer("action_half", ((high - low) / 2).clamp(min=1e-6))
         a = len(action_low)
         dims = {"state": state_dim, "features": base.config.d_model if base is not None else 0,
-                "base_action": a, "environment_state": env_state_dim}
+                "base_action": a, "environment_state": env_state_dim, "time": 1}
         missing = [k for k in config.inputs if dims[k] <= 0]
         if missing:
             raise PolicyError(f"residual input {missing[0]!r} has no size (state_dim={state_dim}, "
@@ -166,6 +176,7 @@ class ResidualPolicy(nn.Module):
         scale = torch.as_tensor(config.scale_per_dim or [config.scale] * a, dtype=torch.float32)
         self.register_buffer("step_scale", scale if base is not None else torch.ones(a), persistent=False)
         self._queue: list[list[np.ndarray]] = []
+        self.elapsed = np.zeros(0, dtype=np.int64)  # steps acted since reset, per row (the ``time`` input)
         self._features: torch.Tensor | None = None
         self._memory_hook: Any = None
 
@@ -191,6 +202,10 @@ class ResidualPolicy(nn.Module):
             for r in rows:
                 if r < len(self._queue):
                     self._queue[r] = []
+        if rows is None or set(rows) >= set(range(len(self.elapsed))):
+            self.elapsed = np.zeros(0, dtype=np.int64)
+        else:
+            self.elapsed[[r for r in rows if r < len(self.elapsed)]] = 0
         if self.base is not None:
             # inside inference mode: the base's ring buffer was created by predict() in inference mode
             with torch.inference_mode():
@@ -248,6 +263,9 @@ class ResidualPolicy(nn.Module):
         base_norm = ((base_act - self.action_loc) / self.action_half).clamp(-1, 1)
         if self.base is None:
             base_norm = torch.zeros_like(base_norm)
+        b = base_act.shape[0]
+        if len(self.elapsed) != b:  # a new batch size: every row starts at step 0
+            self.elapsed = np.zeros(b, dtype=np.int64)
         parts = []
         for key in self.config.inputs:
             if key == "state":
@@ -256,8 +274,12 @@ class ResidualPolicy(nn.Module):
                 parts.append(feats)
             elif key == "base_action":
                 parts.append(base_norm)
+            elif key == "time":
+                parts.append(torch.as_tensor(self.elapsed / self.config.time_horizon, dtype=torch.float32)[:, None])
             else:
                 parts.append(_tensor(obs, ENV_STATE).reshape(base_act.shape[0], -1))
+        if not peek:  # this call's actions will be executed: chunk steps for a chunk actor, else one
+            self.elapsed += self.config.chunk
         x = torch.cat(parts, dim=1).float()
         if x.shape[1] != self.norm.mean.shape[0]:
             raise PolicyError(f"residual input has {x.shape[1]} values, the residual was built for "

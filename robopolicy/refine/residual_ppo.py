@@ -199,10 +199,12 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
 
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
                 next_eval += cfg.eval_every
+                elapsed = policy.elapsed.copy()
                 res = evaluate(policy, cfg)
                 curve.add(env_steps, res.success, seconds=time.perf_counter() - t0)
                 log(f"[refine] {env_steps} env steps: success {res.success:.1%}")
                 policy.reset()  # evaluation used the policy's queues: restart the training episodes' chunks
+                policy.elapsed = elapsed  # ... but their episodes go on: keep their step counts
     finally:
         bar.close()
         envs.close()

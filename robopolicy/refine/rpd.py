@@ -109,6 +109,10 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     teacher = teacher if teacher is not None else load_any_policy(cfg.base)
+    if "time" in cfg.student.inputs:
+        # the loop queries the student on every step for the BC labels, not only when it decides,
+        # so the student's own step count would run ahead of the episode
+        raise ValueError("student.inputs: 'time' is not supported by RPD yet (residual PPO and PPO take it)")
     privileged = "environment_state" in cfg.student.inputs
     kw = {"reward": cfg.reward, "privileged": privileged}
     obs_space, act_space = single_spaces(cfg.env, **kw)
