@@ -257,3 +257,38 @@ def test_train_command(dataset, caches, tmp_path, capsys):
     args = parser.parse_args(["train", "--no-progress", f"data.dataset={tmp_path / 'missing'}", "steps=1"])
     assert args.func(args) == 1
     assert "missing" in capsys.readouterr().out
+
+
+def test_a_film_encoder_trains_then_freezes_into_cached_features_of_each_frames_instruction(dataset, caches, tmp_path):
+    """Stage 1 trains a FiLM keypoint encoder on frames; stage 2 starts from it frozen, and its
+    feature cache encodes each frame with its own episode's instruction."""
+    film = "{name: test_resnet, frozen: %s, image_size: 64, stage: 2, film: true, pool: keypoints, keypoints: 4}"
+    common = ["model.horizon=4", "model.language.enabled=true", "model.context_strides=[0]"]
+    first = train(config(dataset, caches, tmp_path / "s1", "steps=3", *common, f"model.encoders=[{film % 'false'}]"),
+                  log=lambda s: None)
+    assert not first.used_feature_cache
+    s1 = Policy.load(first.final)
+    assert any(v.abs().sum() > 0 for v in s1.vision.encoders[0].film.state_dict().values())  # FiLM has learned
+    second_cfg = config(dataset, caches, tmp_path / "s2", "steps=3", *common, f"model.encoders=[{film % 'true'}]",
+                        f"init_from={first.final}")
+    second = train(second_cfg, log=lambda s: None)
+    assert second.used_feature_cache
+    pol = Policy.load(second.final)
+    torch.testing.assert_close(pol.vision.state_dict(), s1.vision.state_dict())  # frozen in stage 2
+    ds = build_dataset(second_cfg, progress=False)
+    tasks = list(ds.cache.tasks)
+    assert len(set(tasks)) > 1
+    index = np.asarray(ds.cache.lowdim["task_index"])
+    feats = fc.ensure_features(ds, pol.vision, caches / "features", progress=False,
+                               text_fn=lambda rows: pol.frame_text([tasks[i] for i in index[rows]], len(rows)),
+                               text_model=pol.config.language.model)["front"]
+    with pytest.raises(ValueError, match="instruction"):
+        fc.ensure_features(ds, pol.vision, caches / "features", progress=False)
+    for i in (0, len(ds) - 1):
+        item = ds[i]
+        with torch.no_grad():
+            own = pol.encode_frames(item["observation.images.front"], [item["task"]])
+            other = pol.encode_frames(item["observation.images.front"], [next(t for t in tasks if t != item["task"])])
+        row = int(item["index"])
+        torch.testing.assert_close(torch.from_numpy(feats[row].astype(np.float32)), own[0], rtol=2e-3, atol=2e-3)
+        assert not torch.allclose(own, other, atol=1e-4)

@@ -8,6 +8,19 @@ spatial CNN): each is pooled to the same ``G x G`` grid and their channels are c
 a frame always becomes ``G*G`` tokens of ``sum(C_i)`` raw features. Raw features are what the
 feature cache stores; the policy projects them to ``d_model`` afterwards.
 
+Two options serve small objects named by the instruction (a 2.5 cm cube is ~4 px wide in a
+96 px view, and average-pooling it into a grid cell drowns it):
+
+- ``film: true`` modulates every residual stage's output by the instruction embedding
+  (``x * (1 + gamma(text)) + beta(text)``, per channel, zero-initialised so it starts as the plain
+  network; BC-Z / RT-1 condition their image encoders this way). The encoder can then keep the
+  named cube's colour and suppress the others before anything is pooled.
+  ``forward(images, text)`` needs the text embedding ``(N, D)`` then.
+- ``pool: keypoints`` replaces the grid by a spatial softmax (as in Levine et al.'s visuomotor
+  policies and robomimic): K learned attention maps over the last feature map, each giving a
+  token ``[x, y, attended features]`` with sub-cell precision, so a frame becomes K tokens of
+  ``C + 2`` features.
+
 Weights are never downloaded: ``pretrained=False`` always, and ``weights`` names a local file
 (``.safetensors``, or a ``.pth``/``.bin`` state dict read with ``weights_only=True``).
 """
@@ -45,6 +58,41 @@ class EncoderConfig:
     ResNet layer2 at stride 8) instead of the last one. Earlier stages keep the spatial detail a
     stride-32 map loses at 96 px (3 x 3) and cost a fraction of the full network; with random
     weights they are also the more useful features (colour and edge filters). None: the last."""
+    film: bool = False
+    """Condition each residual stage on the instruction embedding (FiLM); needs ``stage`` (the
+    stages are run one by one) and a language model in the policy."""
+    pool: str = "grid"
+    """``grid``: average-pool to ``grid x grid`` tokens; ``keypoints``: spatial softmax, ``keypoints`` tokens."""
+    keypoints: int = 32
+    """Tokens of ``pool: keypoints``."""
+
+    def __post_init__(self):
+        if self.pool not in ("grid", "keypoints"):
+            raise ValueError(f"encoder pool must be 'grid' or 'keypoints', got {self.pool!r}")
+        if self.keypoints < 1:
+            raise ValueError(f"encoder keypoints must be >= 1, got {self.keypoints}")
+        if self.film and self.stage is None:
+            raise ValueError("encoder film: true needs a feature stage (e.g. stage: 2): FiLM runs the stages one by one")
+
+
+class SpatialSoftmax(nn.Module):
+    """``(N, C, H, W)`` → ``(N, K, 2 + C)``: for each of K learned attention maps (a 1x1 conv and a
+    softmax over the positions, with a learned temperature) its expected ``(x, y)`` in [-1, 1] and
+    the features it attends to."""
+
+    def __init__(self, channels: int, k: int):
+        super().__init__()
+        self.attn = nn.Conv2d(channels, k, 1)
+        self.log_temp = nn.Parameter(torch.zeros(()))
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = f.shape
+        a = (self.attn(f).flatten(2) / self.log_temp.exp()).softmax(-1)  # (N, K, HW)
+        ys = torch.linspace(-1.0, 1.0, h, device=f.device, dtype=f.dtype)
+        xs = torch.linspace(-1.0, 1.0, w, device=f.device, dtype=f.dtype)
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")  # row-major positions, as flatten(2) orders them
+        pos = torch.stack([gx.reshape(-1), gy.reshape(-1)], -1)  # (HW, 2) x, y
+        return torch.cat([a @ pos, a @ f.flatten(2).transpose(1, 2)], dim=-1)
 
 
 def _load_state_dict(path: str) -> dict[str, torch.Tensor]:
@@ -67,20 +115,23 @@ def _load_state_dict(path: str) -> dict[str, torch.Tensor]:
 
 
 class VisionEncoder(nn.Module):
-    """A timm backbone → ``(N, grid*grid, C)`` raw features for uint8 frames ``(N, 3, H, W)``."""
+    """A timm backbone → ``(N, n_tokens, C)`` raw features for uint8 frames ``(N, 3, H, W)``
+    (``n_tokens``: ``grid * grid``, or ``keypoints``)."""
 
-    def __init__(self, cfg: EncoderConfig, grid: int = 3):
+    def __init__(self, cfg: EncoderConfig, grid: int = 3, text_dim: int = 0):
         super().__init__()
         import timm
 
         self.cfg, self.grid = cfg, int(grid)
         kwargs = {"img_size": cfg.image_size} if cfg.name.startswith(("vit", "deit", "eva")) else {}
+        # FiLM needs every stage's output: ask for all of them (they are computed anyway)
+        indices = tuple(range(int(cfg.stage) + 1)) if cfg.film else (cfg.stage,)
         try:
             if cfg.stage is None:
                 self.net = timm.create_model(cfg.name, pretrained=False, num_classes=0, global_pool="", **kwargs)
             else:
                 self.net = timm.create_model(cfg.name, pretrained=False, features_only=True,
-                                             out_indices=(int(cfg.stage),), **kwargs)
+                                             out_indices=tuple(int(i) for i in indices), **kwargs)
         except RuntimeError as exc:
             raise EncoderError(f"timm has no model {cfg.name!r} ({exc})") from None
         except (IndexError, ValueError, AssertionError) as exc:
@@ -103,25 +154,70 @@ class VisionEncoder(nn.Module):
             self.out_dim = int(self.net.num_features)
         else:
             self.out_dim = int(self.net.feature_info.channels()[-1])
+        self.film = None
+        if cfg.film:
+            if text_dim < 1:
+                raise EncoderError(f"encoder {cfg.name!r} has film: true but the policy has no language "
+                                   "model (model.language.enabled: true is needed)")
+            if not isinstance(self.net, nn.ModuleDict):
+                raise EncoderError(f"film: true runs the stages of {cfg.name!r} one by one, which its timm "
+                                   f"feature wrapper ({type(self.net).__name__}) does not allow; use a ResNet")
+            names, channels = self.net.feature_info.module_name(), self.net.feature_info.channels()
+            self.film = nn.ModuleDict({n.replace(".", "_"): nn.Linear(text_dim, 2 * c) for n, c in zip(names, channels)})
+            self._film_at = {n: n.replace(".", "_") for n in names}
+            for lin in self.film.values():  # zero: the modulation starts as the identity
+                nn.init.zeros_(lin.weight)
+                nn.init.zeros_(lin.bias)
+        self.keypoints = SpatialSoftmax(self.out_dim, cfg.keypoints) if cfg.pool == "keypoints" else None
+        self.n_tokens = cfg.keypoints if self.keypoints is not None else self.grid * self.grid
+        if self.keypoints is not None:
+            self.out_dim += 2
         if cfg.frozen:
-            self.net.requires_grad_(False)
-            self.net.eval()
+            self.requires_grad_(False)
+            self.eval()
+
+    @property
+    def needs_text(self) -> bool:
+        return self.film is not None
 
     def train(self, mode: bool = True):
         super().train(mode)
         if self.cfg.frozen:
-            self.net.eval()  # frozen: BatchNorm statistics never move
+            for m in self.children():
+                m.eval()  # frozen: BatchNorm statistics never move
         return self
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 (or [0, 1] float) images ``(N, 3, H, W)`` → features ``(N, grid*grid, C)``."""
+    def _film_forward(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        text = text.to(x.dtype)
+        for name, module in self.net.items():
+            x = module(x)
+            if name in self._film_at:
+                gamma, beta = self.film[self._film_at[name]](text).chunk(2, dim=-1)
+                x = x * (1.0 + gamma[:, :, None, None]) + beta[:, :, None, None]
+        return x
+
+    def forward(self, images: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 (or [0, 1] float) images ``(N, 3, H, W)`` → features ``(N, n_tokens, C)``;
+        ``text (N, D)``: the instruction embedding of each frame (needed with ``film``)."""
+        if self.film is not None:
+            if text is None:
+                raise EncoderError(f"encoder {self.cfg.name!r} is FiLM-conditioned: it needs the instruction embedding")
+            if text.shape[0] != images.shape[0]:
+                raise EncoderError(f"{text.shape[0]} instruction embeddings for {images.shape[0]} frames")
         x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
         size = self.cfg.image_size
         if x.shape[-2:] != (size, size):
             x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
         x = (x - self.mean) / self.std
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.cfg.frozen):
-            y = self.net.forward_features(x) if self.cfg.stage is None else self.net(x)[-1]
+            if self.film is not None:
+                y = self._film_forward(x, text)
+            else:
+                y = self.net.forward_features(x) if self.cfg.stage is None else self.net(x)[-1]
+            if self.keypoints is not None:
+                if y.ndim != 4:
+                    raise EncoderError(f"{self.cfg.name}: pool 'keypoints' needs a convolutional feature map")
+                return self.keypoints(y)
         if y.ndim == 3:  # ViT-like (N, prefix + P, C): patch tokens back onto their grid
             patches = y[:, self.num_prefix:]
             side = int(math.isqrt(patches.shape[1]))
@@ -139,13 +235,23 @@ class FusedVisionEncoder(nn.Module):
     ``forward``: uint8 ``(N, 3, H, W)`` → ``(N, grid*grid, sum of out_dim)``.
     """
 
-    def __init__(self, cfgs: list[EncoderConfig], grid: int = 3):
+    def __init__(self, cfgs: list[EncoderConfig], grid: int = 3, text_dim: int = 0):
         super().__init__()
         if not cfgs:
             raise EncoderError("at least one vision encoder is needed (model.encoders is empty)")
-        self.encoders = nn.ModuleList(VisionEncoder(c, grid) for c in cfgs)
+        self.encoders = nn.ModuleList(VisionEncoder(c, grid, text_dim) for c in cfgs)
         self.grid = grid
         self.out_dim = sum(e.out_dim for e in self.encoders)
+        counts = sorted({e.n_tokens for e in self.encoders})
+        if len(counts) > 1:
+            raise EncoderError(f"fused encoders must give the same number of tokens per frame, got {counts} "
+                               "(grid x grid, or keypoints)")
+        self.n_tokens = counts[0]
+
+    @property
+    def needs_text(self) -> bool:
+        """True when an encoder is FiLM-conditioned on the instruction."""
+        return any(e.needs_text for e in self.encoders)
 
     @property
     def frozen(self) -> bool:
@@ -161,8 +267,10 @@ class FusedVisionEncoder(nn.Module):
             h.update(name.encode())
             h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         names = "+".join(f"{e.cfg.name}@{e.cfg.image_size}" + (f"/s{e.cfg.stage}" if e.cfg.stage is not None else "")
+                         + ("/film" if e.cfg.film else "") + (f"/kp{e.cfg.keypoints}" if e.keypoints is not None else "")
                          for e in self.encoders)
         return f"{names}|grid{self.grid}|{h.hexdigest()}"
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return torch.cat([e(images) for e in self.encoders], dim=-1)
+    def forward(self, images: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
+        """``(N, 3, H, W)`` (and ``text (N, D)`` with FiLM) → ``(N, n_tokens, out_dim)``."""
+        return torch.cat([e(images, text) for e in self.encoders], dim=-1)

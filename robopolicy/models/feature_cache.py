@@ -40,26 +40,30 @@ def default_feature_dir() -> Path:
     return default_cache_dir().parent / "features"
 
 
-def feature_key(dataset, camera_key: str, encoder: FusedVisionEncoder) -> tuple[str, dict]:
-    """Hex key and its ingredients for one camera of ``dataset`` (a ``TrainingDataset``)."""
+def feature_key(dataset, camera_key: str, encoder: FusedVisionEncoder, text_model: str | None = None) -> tuple[str, dict]:
+    """Hex key and its ingredients for one camera of ``dataset`` (a ``TrainingDataset``);
+    ``text_model``: the sentence model whose embeddings condition a FiLM encoder."""
     import timm
 
     parts = {"format": FEATURE_FORMAT, "cache_entry": dataset.entry.name, "camera": camera_key,
              "encoder": encoder.cache_key(), "timm": timm.__version__}
+    if text_model is not None:
+        parts["text_model"] = text_model
     digest = hashlib.blake2b(json.dumps(parts, sort_keys=True).encode(), digest_size=10).hexdigest()
     return digest, parts
 
 
 @torch.inference_mode()
 def _encode_all(dataset, camera_key: str, encoder: FusedVisionEncoder, out: np.ndarray, batch_size: int,
-                device: torch.device, bar) -> bool:
+                device: torch.device, bar, text_fn=None) -> bool:
     """Fill ``out (N, n, C)``; returns False if a value does not fit ``out``'s dtype."""
     n = out.shape[0]
     ok = True
     for start in range(0, n, batch_size):
         rows = range(start, min(start + batch_size, n))
         frames = torch.from_numpy(dataset.cache.read_frames(camera_key, rows)).to(device)
-        feats = encoder(frames).float().cpu().numpy()
+        text = text_fn(np.arange(rows.start, rows.stop)).to(device) if text_fn is not None else None
+        feats = encoder(frames, text).float().cpu().numpy()
         if out.dtype == np.float16 and np.abs(feats).max(initial=0.0) > 6e4:
             ok = False
         out[start:start + len(rows)] = feats
@@ -69,21 +73,29 @@ def _encode_all(dataset, camera_key: str, encoder: FusedVisionEncoder, out: np.n
 
 def ensure_features(dataset, encoder: FusedVisionEncoder, cache_dir: str | Path | None = None,
                     batch_size: int = 64, progress: bool = True, device: str | torch.device = "cpu",
-                    log=print) -> dict[str, np.ndarray]:
-    """Per-frame features ``{role: (N, grid*grid, C)}`` for every camera of ``dataset``, built
-    on first use. ``encoder`` must be frozen (trainable encoders change their features)."""
+                    log=print, text_fn=None, text_model: str | None = None) -> dict[str, np.ndarray]:
+    """Per-frame features ``{role: (N, n_tokens, C)}`` for every camera of ``dataset``, built
+    on first use. ``encoder`` must be frozen (trainable encoders change their features).
+
+    A FiLM-conditioned encoder also needs ``text_fn(rows) -> (len(rows), D)``, the instruction
+    embedding of each global dataset row (its episode's instruction), and ``text_model``, the
+    name of the sentence model (part of the key)."""
     from tqdm import tqdm
 
     if not encoder.frozen:
         raise ValueError("feature caching needs frozen encoders (model.encoders[*].frozen=true)")
+    if encoder.needs_text and (text_fn is None or text_model is None):
+        raise ValueError("a FiLM-conditioned encoder needs each frame's instruction (text_fn and text_model)")
+    if not encoder.needs_text:
+        text_fn = text_model = None
     root = Path(cache_dir) if cache_dir is not None else default_feature_dir()
     root.mkdir(parents=True, exist_ok=True)
     encoder = encoder.to(device).eval()
     n = dataset.cache.num_frames
-    shape = (n, encoder.grid * encoder.grid, encoder.out_dim)
+    shape = (n, encoder.n_tokens, encoder.out_dim)
     out: dict[str, np.ndarray] = {}
     for role, camera_key in dataset.cameras.items():
-        key, parts = feature_key(dataset, camera_key, encoder)
+        key, parts = feature_key(dataset, camera_key, encoder, text_model)
         name = f"{dataset.root.resolve().name}-{role}-{key}"
         path = root / f"{name}.npy"
         if not path.is_file():
@@ -95,11 +107,11 @@ def ensure_features(dataset, encoder: FusedVisionEncoder, cache_dir: str | Path 
                                disable=not progress, mininterval=0.5)
                     try:
                         arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)
-                        if not _encode_all(dataset, camera_key, encoder, arr, batch_size, device, bar):
+                        if not _encode_all(dataset, camera_key, encoder, arr, batch_size, device, bar, text_fn):
                             del arr  # float16 would overflow: redo in float32
                             bar.reset()
                             arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
-                            _encode_all(dataset, camera_key, encoder, arr, batch_size, device, bar)
+                            _encode_all(dataset, camera_key, encoder, arr, batch_size, device, bar, text_fn)
                         arr.flush()
                         del arr
                         (root / f"{name}.json").write_text(json.dumps(parts, indent=1))

@@ -44,7 +44,7 @@ from torch import nn
 from robopolicy.config import ConfigError, build, load_yaml, to_dict
 from robopolicy.data.features import ENV_STATE
 from robopolicy.models.backbone import FusionTransformer
-from robopolicy.models.encoders import EncoderConfig, FusedVisionEncoder
+from robopolicy.models.encoders import EncoderConfig, EncoderError, FusedVisionEncoder
 from robopolicy.models.heads import AlignHead, ChunkL1Head, FlowChunkHead, GroundingHead, LocateHead, WaypointHead
 from robopolicy.models.language import LanguageConfig, LanguageEncoder
 from robopolicy.models.temporal import ContextTokens, FeatureRingBuffer
@@ -237,12 +237,19 @@ class Policy(nn.Module):
                                   f"(action {cfg.action_shape}, state {cfg.state_dim} values)")
         d = cfg.d_model
         self.vision = self.vision_proj = self.context = None
+        self.language = LanguageEncoder(cfg.language) if cfg.language.enabled else None
         if cfg.cameras:
-            self.vision = FusedVisionEncoder(list(cfg.encoders), cfg.grid)
-            n_tok = cfg.grid * cfg.grid
+            if any(e.film for e in cfg.encoders) and self.language is None:
+                raise PolicyError("model.encoders: film: true conditions the encoder on the instruction; "
+                                  "it needs model.language.enabled: true")
+            try:
+                self.vision = FusedVisionEncoder(list(cfg.encoders), cfg.grid,
+                                                 self.language.dim if self.language is not None else 0)
+            except EncoderError as exc:
+                raise PolicyError(str(exc)) from None
+            n_tok = self.vision.n_tokens
             self.vision_proj = nn.Sequential(nn.LayerNorm(self.vision.out_dim), nn.Linear(self.vision.out_dim, d))
             self.context = ContextTokens(len(cfg.context_strides), len(cfg.cameras), n_tok, d)
-        self.language = LanguageEncoder(cfg.language) if cfg.language.enabled else None
         self.lang_proj = nn.Linear(self.language.dim, d) if self.language else None
         self.lang_pos = (nn.Parameter(torch.randn(cfg.language.max_tokens, d) * 0.02)
                          if self.language is not None and cfg.language.tokens else None)
@@ -299,9 +306,22 @@ class Policy(nn.Module):
         return self.normalizer.stats()
 
     # ------------------------------------------------------------------ encoding
-    def encode_frames(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 frames ``(N, 3, H, W)`` → raw encoder features ``(N, grid*grid, C)``."""
-        return self.vision(images)
+    def encode_frames(self, images: torch.Tensor, tasks: Sequence[str] | None = None) -> torch.Tensor:
+        """uint8 frames ``(N, 3, H, W)`` → raw encoder features ``(N, n_tokens, C)``; ``tasks``: the
+        N frames' instructions, needed by a FiLM-conditioned encoder (``None`` otherwise)."""
+        return self.vision(images, self.frame_text(tasks, images.shape[0]))
+
+    def frame_text(self, tasks: Sequence[str] | None, n: int) -> torch.Tensor | None:
+        """The instruction embedding ``(n, D)`` a FiLM-conditioned encoder needs (``None`` if it needs none)."""
+        if self.vision is None or not self.vision.needs_text:
+            return None
+        if tasks is None:
+            raise PolicyError("the vision encoder is conditioned on the instruction (film): 'task' is needed")
+        tasks = [str(t) for t in tasks]
+        if len(tasks) != n:
+            raise PolicyError(f"{len(tasks)} instructions for {n} frames")
+        ref = next(self.parameters())
+        return self.language.embed(tasks).to(ref.device, ref.dtype)
 
     def _context_features(self, batch: Mapping[str, Any]) -> torch.Tensor | None:
         """Batch → raw features ``(B, T, V, n, C)`` (cached ``features``, or encoded images);
@@ -310,18 +330,35 @@ class Policy(nn.Module):
             return None
         if "features" in batch:
             return batch["features"].float()
-        per_cam = []
+        frames = []
         for role in self.config.cameras:
             key = IMAGE_PREFIX + role
             if key not in batch:
                 raise PolicyError(f"batch lacks camera {key!r} (policy cameras: {self.config.cameras})")
-            imgs = batch[key]  # (B, T, 3, H, W)
-            b, t = imgs.shape[:2]
-            per_cam.append(self.encode_frames(imgs.flatten(0, 1)).view(b, t, *self._feature_shape()))
-        return torch.stack(per_cam, dim=2)
+            frames.append(batch[key])  # (B, T, 3, H, W)
+        b, t = frames[0].shape[:2]
+        tasks = None
+        if self.vision.needs_text:
+            if "task" not in batch:
+                raise PolicyError("the vision encoder is conditioned on the instruction (film): the batch needs 'task'")
+            tasks = [s for s in batch["task"] for _ in range(t)]  # every context frame of a sample
+        per_cam = self._encode_cameras([f.flatten(0, 1) for f in frames], tasks)
+        return torch.stack([f.view(b, t, *self._feature_shape()) for f in per_cam], dim=2)
+
+    def _encode_cameras(self, frames: list[torch.Tensor], tasks: list[str] | None) -> list[torch.Tensor]:
+        """Every camera's frames ``[(N, 3, H, W), ...]`` → their features, in one encoder call when
+        the frames have one size. A trainable encoder's BatchNorm then normalizes the cameras
+        together in training, as its running statistics (which mix the cameras) do at inference;
+        one call per camera would train each camera on its own batch statistics and evaluate it
+        on the mixture."""
+        n = frames[0].shape[0]
+        if len(frames) > 1 and len({tuple(f.shape[1:]) for f in frames}) == 1:
+            out = self.encode_frames(torch.cat(frames), None if tasks is None else list(tasks) * len(frames))
+            return list(out.split(n))
+        return [self.encode_frames(f, tasks) for f in frames]
 
     def _feature_shape(self) -> tuple[int, int]:
-        return (self.config.grid * self.config.grid, self.vision.out_dim)
+        return (self.vision.n_tokens, self.vision.out_dim)
 
     def _memory(self, feats: torch.Tensor | None, context_pad: torch.Tensor | None, state: torch.Tensor | None,
                 tasks: list[str] | None, with_language: bool = True, with_state: bool = True,
@@ -445,9 +482,23 @@ class Policy(nn.Module):
         rows start a new episode (sub-envs of a vector env that were just reset)."""
         self._ring.reset(rows)
 
+    def _obs_tasks(self, obs: Mapping[str, Any], b: int) -> list[str] | None:
+        """The batch's instructions (``None`` for a policy without language)."""
+        if self.language is None:
+            return None
+        if "task" not in obs:
+            raise PolicyError("observation lacks 'task' (the policy is language-conditioned)")
+        task = obs["task"]
+        tasks = [task] * b if isinstance(task, str) else [str(s) for s in task]
+        if len(tasks) != b:
+            raise PolicyError(f"'task' holds {len(tasks)} instructions for a batch of {b}")
+        return tasks
+
     def _obs_features(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
-        """Encode the current frame of every camera: ``(B, V, n, C)``."""
-        per_cam = []
+        """Encode the current frame of every camera: ``(B, V, n, C)``. A FiLM-conditioned encoder
+        reads the instruction too; the ring buffer then holds features of the episode's instruction
+        (the envs keep one instruction per episode)."""
+        frames = []
         for role in self.config.cameras:
             key = IMAGE_PREFIX + role
             if key not in obs:
@@ -460,8 +511,11 @@ class Policy(nn.Module):
                 raise PolicyError(f"{key}: expected (B, H, W, 3) images, got shape {tuple(img.shape)}")
             if img.shape[-1] == 3 and img.shape[1] != 3:
                 img = img.permute(0, 3, 1, 2)
-            per_cam.append(self.encode_frames(img.to(self.device)))
-        feats = torch.stack(per_cam, dim=1)
+            if frames and img.shape[0] != frames[0].shape[0]:
+                raise PolicyError(f"{key}: batch of {img.shape[0]}, the first camera has {frames[0].shape[0]}")
+            frames.append(img.to(self.device))
+        tasks = self._obs_tasks(obs, frames[0].shape[0]) if self.vision.needs_text else None
+        feats = torch.stack(self._encode_cameras(frames, tasks), dim=1)
         return feats, feats.shape[0]
 
     def observe(self, obs: Mapping[str, Any]) -> None:
@@ -504,14 +558,7 @@ class Policy(nn.Module):
             for v, key in ((state, STATE), (env_state, ENV_STATE)):
                 if v is not None and v.shape[0] != b:
                     raise PolicyError(f"{key}: batch of {v.shape[0]}, the rest of the observation has {b}")
-            tasks = None
-            if self.language is not None:
-                if "task" not in obs:
-                    raise PolicyError("observation lacks 'task' (the policy is language-conditioned)")
-                task = obs["task"]
-                tasks = [task] * b if isinstance(task, str) else [str(s) for s in task]
-                if len(tasks) != b:
-                    raise PolicyError(f"'task' holds {len(tasks)} instructions for a batch of {b}")
+            tasks = self._obs_tasks(obs, b)
             memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks, env_state=env_state)
             if isinstance(self.head, FlowChunkHead):
                 out = self.head(memory, mpad, steps=flow_steps)
