@@ -122,11 +122,15 @@ def test_spatial_softmax_gives_the_position_and_features_it_attends_to():
     out = ssm(f)
     assert out.shape == (1, 1, 4)
     torch.testing.assert_close(out[0, 0, :2], torch.tensor([-1 + 2 * 5 / 7, -1 + 2 * 2 / 7]), atol=1e-3, rtol=0)
-    torch.testing.assert_close(out[0, 0, 2:], torch.tensor([1.0, 3.0]), atol=1e-3, rtol=0)
+    # the attended features (1, 3), layer-normalized and divided by sqrt(2)
+    torch.testing.assert_close(out[0, 0, 2:], torch.tensor([-1.0, 1.0]) / 2 ** 0.5, atol=1e-3, rtol=0)
     enc = VisionEncoder(EncoderConfig(name="test_resnet", image_size=64, stage=2, pool="keypoints", keypoints=5), grid=3)
     y = enc(torch.randint(0, 255, (2, 3, 64, 64), dtype=torch.uint8))
     assert y.shape == (2, 5, enc.net.feature_info.channels()[-1] + 2) and enc.n_tokens == 5
     assert y[..., :2].abs().max() <= 1.0
+    coords = VisionEncoder(EncoderConfig(name="test_resnet", image_size=64, stage=2, pool="keypoints", keypoints=5,
+                                         keypoint_features=False), grid=3)
+    assert coords.out_dim == 2 and coords(torch.zeros(1, 3, 64, 64, dtype=torch.uint8)).shape == (1, 5, 2)
     with pytest.raises(ValueError, match="pool"):
         EncoderConfig(pool="max")
     with pytest.raises(EncoderError, match="same number of tokens"):

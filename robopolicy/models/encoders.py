@@ -65,6 +65,8 @@ class EncoderConfig:
     """``grid``: average-pool to ``grid x grid`` tokens; ``keypoints``: spatial softmax, ``keypoints`` tokens."""
     keypoints: int = 32
     """Tokens of ``pool: keypoints``."""
+    keypoint_features: bool = True
+    """Keypoint tokens carry the attended features beside ``(x, y)``; False: coordinates only."""
 
     def __post_init__(self):
         if self.pool not in ("grid", "keypoints"):
@@ -78,12 +80,14 @@ class EncoderConfig:
 class SpatialSoftmax(nn.Module):
     """``(N, C, H, W)`` → ``(N, K, 2 + C)``: for each of K learned attention maps (a 1x1 conv and a
     softmax over the positions, with a learned temperature) its expected ``(x, y)`` in [-1, 1] and
-    the features it attends to."""
+    the features it attends to (layer-normalized, divided by sqrt(C))."""
 
-    def __init__(self, channels: int, k: int):
+    def __init__(self, channels: int, k: int, features: bool = True):
         super().__init__()
         self.attn = nn.Conv2d(channels, k, 1)
         self.log_temp = nn.Parameter(torch.zeros(()))
+        self.features = bool(features)
+        self.out_dim = 2 + (channels if self.features else 0)
 
     def forward(self, f: torch.Tensor) -> torch.Tensor:
         n, c, h, w = f.shape
@@ -92,7 +96,12 @@ class SpatialSoftmax(nn.Module):
         xs = torch.linspace(-1.0, 1.0, w, device=f.device, dtype=f.dtype)
         gy, gx = torch.meshgrid(ys, xs, indexing="ij")  # row-major positions, as flatten(2) orders them
         pos = torch.stack([gx.reshape(-1), gy.reshape(-1)], -1)  # (HW, 2) x, y
-        return torch.cat([a @ pos, a @ f.flatten(2).transpose(1, 2)], dim=-1)
+        if not self.features:
+            return a @ pos
+        # attended features at unit total scale: raw activations are many times larger than the
+        # coordinates, and the policy's LayerNorm over the token would drown x and y in them
+        feats = F.layer_norm(a @ f.flatten(2).transpose(1, 2), (c,)) / math.sqrt(c)
+        return torch.cat([a @ pos, feats], dim=-1)
 
 
 def _load_state_dict(path: str) -> dict[str, torch.Tensor]:
@@ -168,10 +177,11 @@ class VisionEncoder(nn.Module):
             for lin in self.film.values():  # zero: the modulation starts as the identity
                 nn.init.zeros_(lin.weight)
                 nn.init.zeros_(lin.bias)
-        self.keypoints = SpatialSoftmax(self.out_dim, cfg.keypoints) if cfg.pool == "keypoints" else None
+        self.keypoints = (SpatialSoftmax(self.out_dim, cfg.keypoints, cfg.keypoint_features)
+                          if cfg.pool == "keypoints" else None)
         self.n_tokens = cfg.keypoints if self.keypoints is not None else self.grid * self.grid
         if self.keypoints is not None:
-            self.out_dim += 2
+            self.out_dim = self.keypoints.out_dim
         if cfg.frozen:
             self.requires_grad_(False)
             self.eval()

@@ -248,7 +248,10 @@ class Policy(nn.Module):
             except EncoderError as exc:
                 raise PolicyError(str(exc)) from None
             n_tok = self.vision.n_tokens
-            self.vision_proj = nn.Sequential(nn.LayerNorm(self.vision.out_dim), nn.Linear(self.vision.out_dim, d))
+            # a LayerNorm over a token of coordinates alone (keypoint_features: false) would map every
+            # (x, y) to (+-1, -+1): such tokens are projected as they are
+            norm = nn.LayerNorm(self.vision.out_dim) if self.vision.out_dim > 2 else nn.Identity()
+            self.vision_proj = nn.Sequential(norm, nn.Linear(self.vision.out_dim, d))
             self.context = ContextTokens(len(cfg.context_strides), len(cfg.cameras), n_tok, d)
         self.lang_proj = nn.Linear(self.language.dim, d) if self.language else None
         self.lang_pos = (nn.Parameter(torch.randn(cfg.language.max_tokens, d) * 0.02)
