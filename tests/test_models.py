@@ -131,6 +131,9 @@ def test_spatial_softmax_gives_the_position_and_features_it_attends_to():
     coords = VisionEncoder(EncoderConfig(name="test_resnet", image_size=64, stage=2, pool="keypoints", keypoints=5,
                                          keypoint_features=False), grid=3)
     assert coords.out_dim == 2 and coords(torch.zeros(1, 3, 64, 64, dtype=torch.uint8)).shape == (1, 5, 2)
+    with_feats, xy_only = FusedVisionEncoder([enc.cfg], grid=3), FusedVisionEncoder([coords.cfg], grid=3)
+    xy_only.load_state_dict(with_feats.state_dict())  # the same weights, other tokens: another cache key
+    assert xy_only.cache_key() != with_feats.cache_key()
     with pytest.raises(ValueError, match="pool"):
         EncoderConfig(pool="max")
     with pytest.raises(EncoderError, match="same number of tokens"):

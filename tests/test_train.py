@@ -278,9 +278,7 @@ def test_a_film_encoder_trains_then_freezes_into_cached_features_of_each_frames_
     ds = build_dataset(second_cfg, progress=False)
     tasks = list(ds.cache.tasks)
     assert len(set(tasks)) > 1
-    index = np.asarray(ds.cache.lowdim["task_index"])
-    feats = fc.ensure_features(ds, pol.vision, caches / "features", progress=False,
-                               text_fn=lambda rows: pol.frame_text([tasks[i] for i in index[rows]], len(rows)),
+    feats = fc.ensure_features(ds, pol.vision, caches / "features", progress=False, embed_text=pol.frame_text,
                                text_model=pol.config.language.model)["front"]
     with pytest.raises(ValueError, match="instruction"):
         fc.ensure_features(ds, pol.vision, caches / "features", progress=False)

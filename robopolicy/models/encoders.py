@@ -277,7 +277,8 @@ class FusedVisionEncoder(nn.Module):
             h.update(name.encode())
             h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         names = "+".join(f"{e.cfg.name}@{e.cfg.image_size}" + (f"/s{e.cfg.stage}" if e.cfg.stage is not None else "")
-                         + ("/film" if e.cfg.film else "") + (f"/kp{e.cfg.keypoints}" if e.keypoints is not None else "")
+                         + ("/film" if e.cfg.film else "")
+                         + (f"/kp{e.cfg.keypoints}" + ("" if e.cfg.keypoint_features else "xy") if e.keypoints is not None else "")
                          for e in self.encoders)
         return f"{names}|grid{self.grid}|{h.hexdigest()}"
 

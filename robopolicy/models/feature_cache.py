@@ -62,7 +62,7 @@ def _encode_all(dataset, camera_key: str, encoder: FusedVisionEncoder, out: np.n
     for start in range(0, n, batch_size):
         rows = range(start, min(start + batch_size, n))
         frames = torch.from_numpy(dataset.cache.read_frames(camera_key, rows)).to(device)
-        text = text_fn(np.arange(rows.start, rows.stop)).to(device) if text_fn is not None else None
+        text = text_fn(np.arange(rows.start, rows.stop)).to(device) if text_fn is not None else None  # (n, D)
         feats = encoder(frames, text).float().cpu().numpy()
         if out.dtype == np.float16 and np.abs(feats).max(initial=0.0) > 6e4:
             ok = False
@@ -73,21 +73,28 @@ def _encode_all(dataset, camera_key: str, encoder: FusedVisionEncoder, out: np.n
 
 def ensure_features(dataset, encoder: FusedVisionEncoder, cache_dir: str | Path | None = None,
                     batch_size: int = 64, progress: bool = True, device: str | torch.device = "cpu",
-                    log=print, text_fn=None, text_model: str | None = None) -> dict[str, np.ndarray]:
+                    log=print, embed_text=None, text_model: str | None = None) -> dict[str, np.ndarray]:
     """Per-frame features ``{role: (N, n_tokens, C)}`` for every camera of ``dataset``, built
     on first use. ``encoder`` must be frozen (trainable encoders change their features).
 
-    A FiLM-conditioned encoder also needs ``text_fn(rows) -> (len(rows), D)``, the instruction
-    embedding of each global dataset row (its episode's instruction), and ``text_model``, the
-    name of the sentence model (part of the key)."""
+    A FiLM-conditioned encoder encodes each frame with its episode's instruction: it also needs
+    ``embed_text(list of str) -> (n, D)`` (e.g. ``Policy.frame_text``'s embedding) and
+    ``text_model``, the name of the sentence model (part of the key)."""
     from tqdm import tqdm
 
     if not encoder.frozen:
         raise ValueError("feature caching needs frozen encoders (model.encoders[*].frozen=true)")
-    if encoder.needs_text and (text_fn is None or text_model is None):
-        raise ValueError("a FiLM-conditioned encoder needs each frame's instruction (text_fn and text_model)")
-    if not encoder.needs_text:
-        text_fn = text_model = None
+    text_fn = None
+    if encoder.needs_text:
+        if embed_text is None or text_model is None:
+            raise ValueError("a FiLM-conditioned encoder needs each frame's instruction (embed_text and text_model)")
+        task_index = np.asarray(dataset.cache.lowdim["task_index"], dtype=np.int64)
+        tasks = list(dataset.cache.tasks)
+
+        def text_fn(rows):
+            return embed_text([tasks[i] for i in task_index[rows]])
+    else:
+        text_model = None
     root = Path(cache_dir) if cache_dir is not None else default_feature_dir()
     root.mkdir(parents=True, exist_ok=True)
     encoder = encoder.to(device).eval()

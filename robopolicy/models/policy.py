@@ -314,14 +314,15 @@ class Policy(nn.Module):
         N frames' instructions, needed by a FiLM-conditioned encoder (``None`` otherwise)."""
         return self.vision(images, self.frame_text(tasks, images.shape[0]))
 
-    def frame_text(self, tasks: Sequence[str] | None, n: int) -> torch.Tensor | None:
-        """The instruction embedding ``(n, D)`` a FiLM-conditioned encoder needs (``None`` if it needs none)."""
+    def frame_text(self, tasks: Sequence[str] | None, n: int | None = None) -> torch.Tensor | None:
+        """The instruction embedding ``(len(tasks), D)`` a FiLM-conditioned encoder needs (``None``
+        if it needs none); ``n``: the number of frames, checked against the instructions."""
         if self.vision is None or not self.vision.needs_text:
             return None
         if tasks is None:
             raise PolicyError("the vision encoder is conditioned on the instruction (film): 'task' is needed")
         tasks = [str(t) for t in tasks]
-        if len(tasks) != n:
+        if n is not None and len(tasks) != n:
             raise PolicyError(f"{len(tasks)} instructions for {n} frames")
         ref = next(self.parameters())
         return self.language.embed(tasks).to(ref.device, ref.dtype)

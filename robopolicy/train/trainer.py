@@ -439,16 +439,9 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
     start_step = 0
     feats = {}
     if use_cache and not no_camera:
-        text_fn = text_model = None
-        if policy.vision.needs_text:  # FiLM: each frame is encoded with its episode's instruction
-            task_index = np.asarray(ds.cache.lowdim["task_index"], dtype=np.int64)
-            tasks = list(ds.cache.tasks)
-            text_model = model_cfg.language.model
-
-            def text_fn(rows):
-                return policy.frame_text([tasks[i] for i in task_index[rows]], len(rows))
         feats = ensure_features(ds, policy.vision, cfg.data.feature_cache_dir, progress=cfg.progress,
-                                device=device, log=log, text_fn=text_fn, text_model=text_model)
+                                device=device, log=log, embed_text=policy.frame_text,
+                                text_model=model_cfg.language.model if policy.language is not None else None)
     feature_seconds = time.perf_counter() - t_feat
 
     opt = torch.optim.AdamW(param_groups(policy, cfg.optim), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
