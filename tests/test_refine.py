@@ -489,3 +489,92 @@ def test_rpd_student_surpasses_its_teacher_with_the_reward(tmp_path):
     cfg.student = ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5, chunk=4)
     with pytest.raises(PolicyError, match=r"not a student of this architecture \(hidden \[64, 64\] vs \[32\]\)"):
         rpd.train(cfg, teacher=point_teacher(), log=lambda s: None)
+
+
+def test_gae_over_chunk_decisions_is_the_semi_mdp_gae():
+    """Decisions every few steps (a chunk cut short by an episode's end included): the advantage at
+    each decision is the semi-MDP one, the steps between decisions get none."""
+    from robopolicy.refine.rpd import _smdp_gae
+
+    rng = np.random.default_rng(1)
+    T, gamma, lam, last = 11, 0.9, 0.8, 0.7
+    rew, val = rng.normal(size=T), rng.normal(size=T)
+    dones = np.zeros(T)
+    dones[4] = 1  # the episode ends inside the chunk decided at 3; the next one decides at 5
+    starts = [0, 3, 5, 8]
+    recs = []
+    for j, s in enumerate(starts):
+        end = starts[j + 1] if j + 1 < len(starts) else T
+        steps = list(range(s, end))
+        cut = next((t for t in steps if dones[t]), None)
+        steps = steps if cut is None else steps[: steps.index(cut) + 1]
+        recs.append({"R": sum(gamma ** (t - s) * rew[t] for t in steps), "g": gamma ** len(steps),
+                     "v": float(val[s]), "done": cut is not None})
+    _, ref_adv, ref_ret = _smdp_gae([recs], {0: last}, lam)
+    dec = np.zeros(T)
+    dec[starts] = 1
+    as_t = lambda a: torch.tensor(a, dtype=torch.float32)[:, None]  # noqa: E731
+    adv, ret = gae(as_t(rew), as_t(val), as_t(dones), torch.tensor([last], dtype=torch.float32), gamma, lam, as_t(dec))
+    torch.testing.assert_close(adv[starts, 0], ref_adv)
+    torch.testing.assert_close(ret[starts, 0], ref_ret)
+    assert adv[[t for t in range(T) if t not in starts], 0].abs().max().item() == 0.0
+    # every step a decision: the same as ordinary GAE
+    plain = gae(as_t(rew), as_t(val), as_t(dones), torch.tensor([last], dtype=torch.float32), gamma, lam)
+    ones = gae(as_t(rew), as_t(val), as_t(dones), torch.tensor([last], dtype=torch.float32), gamma, lam,
+               torch.ones(T, 1))
+    torch.testing.assert_close(plain[0], ones[0])
+    torch.testing.assert_close(plain[1], ones[1])
+
+
+def test_chunk_decisions_hold_the_residual_over_each_base_chunk():
+    base = tiny_base()
+    policy = ResidualPolicy(ResidualConfig(inputs=["state", "base_action"], execute_steps=3, decision="chunk"),
+                            LOW, HIGH, base=base)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(policy.actor[-1].weight)  # a trained residual: its output depends on the state
+    shadow = ResidualPolicy(ResidualConfig(inputs=["state", "base_action"], execute_steps=3), LOW, HIGH, base=tiny_base())
+    shadow.load_state_dict(policy.state_dict())  # the same residual deciding every step
+
+    def residual_part(p, obs):
+        out = p.predict(obs)[:, 0]
+        return out, p.decides.clone()
+
+    policy.reset(), shadow.reset()
+    held, fresh = [], []
+    for t in range(7):
+        obs = obs_batch(b=2, seed=t)  # a new state every step
+        if t == 3:
+            policy.residual_input(obs, peek=True)  # a bootstrap peek plans the next chunk: it still decides
+        if t == 5:
+            policy.reset([1])  # row 1's episode ended mid-chunk: it decides again on the next step
+        out, dec = residual_part(policy, obs)
+        step, _ = residual_part(shadow, obs)
+        held.append(policy._held.clone())
+        fresh.append(dec.tolist())
+        if t == 5:
+            shadow.reset([1])
+    assert fresh == [[True, True], [False, False], [False, False], [True, True], [False, False], [False, True],
+                     [True, False]]
+    for t in (1, 2, 4):  # mid-chunk: the correction chosen at the chunk's start, whatever the state is now
+        torch.testing.assert_close(held[t], held[t - 1])
+    assert not torch.allclose(held[3], held[2]) and not torch.allclose(held[6][0], held[5][0])
+    torch.testing.assert_close(held[5][0], held[4][0])
+    with pytest.raises(ValueError, match="decision"):
+        ResidualConfig(decision="episode")
+    with pytest.raises(PolicyError, match="needs a base"):
+        ResidualPolicy(ResidualConfig(inputs=["state"], decision="chunk"), LOW, HIGH, state_dim=6)
+
+
+def test_residual_ppo_with_chunk_decisions_learns_a_task_with_a_known_answer(tmp_path):
+    """Over a base that does nothing, a residual that decides once per base chunk (held for its 4
+    steps, one semi-MDP transition each) learns to move the point to its goal."""
+    from robopolicy.refine import residual_ppo
+
+    cfg = residual_ppo.ResidualPPOConfig(
+        env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
+        residual=ResidualConfig(inputs=["state", "base_action"], hidden=[64, 64], log_std=-0.5, scale=1.0,
+                                execute_steps=4, decision="chunk"),
+        total_env_steps=12_000, num_envs=2, num_steps=256, eval_every=12_000, eval_episodes=50, eval_envs=1,
+        out_dir=str(tmp_path / "ppo"), progress=False)
+    summary = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
+    assert summary["before"] <= 0.1 and summary["after"] >= 0.8

@@ -162,24 +162,37 @@ class RewardScaler:
         return np.clip(reward / max(std, 1e-8), -self.clip, self.clip)
 
 
-def gae(rewards, values, dones, last_value, gamma: float, lam: float):
+def gae(rewards, values, dones, last_value, gamma: float, lam: float, decisions=None):
     """Generalized advantage estimation over a ``(T, N)`` rollout.
 
     ``dones[t]``: the episode ended with step t (its ``values[t+1]`` belongs to the next episode).
-    Returns ``(advantages, returns)``, both ``(T, N)`` tensors.
+    ``decisions`` ``(T, N)`` (optional, 1 where the policy decided): a decision's action ran until
+    the next decision, so the transition is semi-MDP — its reward is the discounted sum of the
+    steps up to the next decision (or the episode's end) and the next value is discounted by γ^k.
+    Only decision steps get an advantage (0 elsewhere). Without ``decisions`` every step is one,
+    which is ordinary GAE. Returns ``(advantages, returns)``, both ``(T, N)`` tensors.
     """
     import torch
 
     T = rewards.shape[0]
     adv = torch.zeros_like(rewards)
-    last = torch.zeros_like(rewards[0])
+    dec = torch.ones_like(rewards) if decisions is None else decisions.to(rewards.dtype)
+    reward_sum = torch.zeros_like(rewards[0])  # from step t to the next decision, discounted to t
+    discount = torch.ones_like(rewards[0])  # γ^k to the next decision (0 once an episode ended)
+    next_value, next_adv = last_value, torch.zeros_like(rewards[0])
     for t in reversed(range(T)):
-        next_value = last_value if t == T - 1 else values[t + 1]
         alive = 1.0 - dones[t]
-        delta = rewards[t] + gamma * next_value * alive - values[t]
-        last = delta + gamma * lam * alive * last
-        adv[t] = last
-    return adv, adv + values
+        reward_sum = rewards[t] + gamma * alive * reward_sum
+        discount = gamma * alive * discount
+        delta = reward_sum + discount * next_value - values[t]
+        a = delta + lam * discount * next_adv
+        d = dec[t]
+        adv[t] = d * a
+        next_value = d * values[t] + (1 - d) * next_value
+        next_adv = d * a + (1 - d) * next_adv
+        reward_sum = (1 - d) * reward_sum
+        discount = d + (1 - d) * discount
+    return adv, (adv + values) * dec
 
 
 def ppo_loss(new_logp, old_logp, adv, clip: float, dual_clip: float | None = None):

@@ -64,10 +64,21 @@ class ResidualConfig:
     """Hidden sizes of the actor and of the (separate) critic."""
     log_std: float = -1.0
     """Initial log standard deviation of the Gaussian actor (normalized units)."""
+    log_std_per_dim: list[float] = field(default_factory=list)
+    """Per action dimension, replacing ``log_std`` (empty: ``log_std`` everywhere). E.g. an arm's
+    ``[-2, -2, -2, -2, -2, -0.5]``: joint noise small enough for a grasp to survive it, while the
+    gripper explores opening and closing often enough for the reward to tell when it should."""
     learn_std: bool = False
     """Train the log-std (ResiP keeps it fixed)."""
     execute_steps: int = 8
     """Actions executed from each base chunk before the base is asked again (ResiP: 8 of 32)."""
+    decision: str = "step"
+    """When the residual decides. ``step`` (ResiP): a fresh correction for every executed action.
+    ``chunk``: one correction when the base plans a chunk, held over that chunk's ``execute_steps``
+    actions (still closed loop at the chunk rate). PPO then sees one transition per chunk (a
+    semi-MDP: the chunk's discounted reward, γ^k to the next decision), so a 200-step episode is
+    ~25 decisions instead of 200, and each exploratory correction moves the arm coherently for the
+    whole chunk instead of being averaged away by the joints' tracking."""
     time_horizon: int = 0
     """With the ``time`` input: the step count it is divided by (the task's episode limit, e.g.
     150 for ArmPushCube), so the input runs 0 → 1 over an episode."""
@@ -84,6 +95,10 @@ class ResidualConfig:
             raise ValueError("residual.execute_steps must be >= 1")
         if self.chunk < 1:
             raise ValueError("residual.chunk must be >= 1")
+        if self.decision not in ("step", "chunk"):
+            raise ValueError(f"residual.decision must be 'step' or 'chunk', got {self.decision!r}")
+        if not all(np.isfinite(v) for v in [self.log_std, *self.log_std_per_dim]):
+            raise ValueError("residual.log_std and residual.log_std_per_dim must be finite")
         if any(not (np.isfinite(v) and v >= 0) for v in [self.scale, *self.scale_per_dim]):
             raise ValueError("residual.scale and residual.scale_per_dim must be finite and >= 0")
         if "time" in self.inputs and self.time_horizon < 1:
@@ -147,6 +162,9 @@ class ResidualPolicy(nn.Module):
             if config.chunk != 1:
                 raise PolicyError("residual.chunk > 1 is for a policy without a base (the residual corrects "
                                   "every executed base action)")
+        elif config.decision != "step":
+            raise PolicyError("residual.decision: chunk holds a correction over each base chunk; it needs a base "
+                              "policy (--base)")
         else:
             bad = [i for i in config.inputs if i in ("features", "base_action")]
             if bad:
@@ -170,12 +188,17 @@ class ResidualPolicy(nn.Module):
         self.norm = RunningNorm(d_in)
         self.actor = mlp([d_in, *config.hidden, a * config.chunk], zero_last=True)
         self.critic = mlp([d_in, *config.hidden, 1])
-        self.log_std = nn.Parameter(torch.full((a,), float(config.log_std)), requires_grad=config.learn_std)
-        if config.scale_per_dim and len(config.scale_per_dim) != a:
-            raise PolicyError(f"residual.scale_per_dim has {len(config.scale_per_dim)} values, the action {a}")
+        for key in ("scale_per_dim", "log_std_per_dim"):
+            if getattr(config, key) and len(getattr(config, key)) != a:
+                raise PolicyError(f"residual.{key} has {len(getattr(config, key))} values, the action {a}")
+        log_std = torch.as_tensor(config.log_std_per_dim or [config.log_std] * a, dtype=torch.float32)
+        self.log_std = nn.Parameter(log_std, requires_grad=config.learn_std)
         scale = torch.as_tensor(config.scale_per_dim or [config.scale] * a, dtype=torch.float32)
         self.register_buffer("step_scale", scale if base is not None else torch.ones(a), persistent=False)
         self._queue: list[list[np.ndarray]] = []
+        self._planned = 0  # actions queued from each base chunk
+        self.fresh = torch.zeros(0, dtype=torch.bool)  # rows that decide this step (see ``decides``)
+        self._held = torch.zeros(0, a)  # decision: chunk — each row's correction for its current chunk
         self.elapsed = np.zeros(0, dtype=np.int64)  # steps acted since reset, per row (the ``time`` input)
         self._features: torch.Tensor | None = None
         self._memory_hook: Any = None
@@ -216,8 +239,25 @@ class ResidualPolicy(nn.Module):
         """Observation batch → ``(B, 1, A)``: this step's action (deterministic) in env units, or
         ``(B, chunk, A)`` for a chunk actor."""
         x, base_norm = self.residual_input(obs)
-        out = self.env_action(base_norm, self.actor(self.norm(x)))
+        out = self.env_action(base_norm, self.hold(self.actor(self.norm(x))))
         return out if out.ndim == 3 else out[:, None]
+
+    @property
+    def decides(self) -> torch.Tensor:
+        """``(B,)`` bool: the rows whose residual decides on this step — every row with
+        ``decision: step``, else the rows whose base chunk was planned by the latest
+        :meth:`residual_input` call."""
+        return self.fresh if self.config.decision == "chunk" else torch.ones_like(self.fresh)
+
+    def hold(self, r: torch.Tensor) -> torch.Tensor:
+        """The residual to execute ``(B, A)``: ``r`` itself per step; with ``decision: chunk``, ``r``
+        on the rows that decide now, the correction held since their chunk began on the others."""
+        if self.config.decision != "chunk":
+            return r
+        if self._held.shape[0] != r.shape[0]:
+            self._held = torch.zeros_like(r)
+        self._held[self.fresh] = r[self.fresh]
+        return self._held.clone()
 
     # ------------------------------------------------------------------ pieces used by the PPO loops
     def _pooled_memory(self, module, inputs, output) -> None:
@@ -232,6 +272,8 @@ class ResidualPolicy(nn.Module):
         (a bootstrap value for the observation that the next step will act on)."""
         b = _batch_size(obs)
         if self.base is None:
+            if not peek:
+                self.fresh = torch.ones(b, dtype=torch.bool)
             return self.action_loc.expand(b, -1).clone(), None
         if len(self._queue) != b:  # a new batch size: start every row afresh
             self.reset()
@@ -251,8 +293,11 @@ class ResidualPolicy(nn.Module):
             n = min(self.config.execute_steps, chunk.shape[1])
             for i in need:
                 self._queue[i] = list(chunk[i, :n])
+            self._planned = n
         elif max(self.base.config.context_strides) > 0 and not peek:
             self.base.observe(obs)
+        if not peek:  # a row whose chunk is still whole starts executing it now (it may have been planned by a peek)
+            self.fresh = torch.as_tensor([len(q) == self._planned for q in self._queue], dtype=torch.bool)
         acts = torch.as_tensor(np.stack([q[0] if peek else q.pop(0) for q in self._queue]), dtype=torch.float32)
         return acts, self._features
 

@@ -1,9 +1,11 @@
 """Residual PPO over a frozen base policy (ResiP); without a base, PPO from scratch (same loop).
 
 Read top to bottom: build envs and the policy → for each update: roll out ``num_steps`` steps in
-``num_envs`` envs (base chunk from its queue + residual sample, every executed step) → scale the
-sparse reward by the running std of the return → GAE → clipped PPO epochs over the full batch
-with a target-KL early stop → evaluate every ``eval_every`` env steps → save.
+``num_envs`` envs (base chunk from its queue + residual sample, every executed step; with
+``residual.decision: chunk`` sampled when the base plans a chunk and held over it) → scale the
+sparse reward by the running std of the return → GAE over the decisions (semi-MDP for chunk
+decisions) → clipped PPO epochs over the decisions with a target-KL early stop → evaluate every
+``eval_every`` env steps → save.
 
 Shapes: ``x (T, N, D_in)`` normalized residual inputs, ``r (T, N, A)`` residual samples.
 """
@@ -129,12 +131,14 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     x_buf = torch.zeros(T, n, d_in)
     r_buf, logp_buf, base_buf = torch.zeros(T, n, a_dim), torch.zeros(T, n), torch.zeros(T, n, a_dim)
     rew_buf, done_buf, val_buf = torch.zeros(T, n), torch.zeros(T, n), torch.zeros(T, n)
+    dec_buf = torch.zeros(T, n)  # 1 where the residual decided (every step, or each chunk's first)
     scaler = RewardScaler(n, cfg.gamma, cfg.reward_clip)
     noise = torch.zeros(n, a_dim)
     since = np.zeros(n, dtype=np.int64)  # steps since each env's noise was drawn (0: draw now)
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
     policy.reset()
-    env_steps, next_eval, episodes, successes = 0, cfg.eval_every, 0, 0
+    env_steps, next_eval, episodes = 0, cfg.eval_every, 0
+    window_episodes, window_successes = 0, 0  # sampled training episodes since the last evaluation
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
         while env_steps < cfg.total_env_steps:
@@ -148,9 +152,9 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                     fresh = torch.as_tensor(since % cfg.noise_hold == 0)
                     noise[fresh] = torch.randn(int(fresh.sum()), a_dim)
                     since += 1
-                    r = dist.mean + dist.stddev * noise
+                    r = policy.hold(dist.mean + dist.stddev * noise)  # decision: chunk — held between decisions
                     action = policy.env_action(base_norm, r)
-                    x_buf[t], r_buf[t], base_buf[t] = x, r, base_norm
+                    x_buf[t], r_buf[t], base_buf[t], dec_buf[t] = x, r, base_norm, policy.decides.float()
                     logp_buf[t] = policy.log_prob(dist, r, base_norm, clipped=cfg.clipped_likelihood)
                     val_buf[t] = policy.value(x)
                     obs, reward, term, trunc, info = envs.step(action.numpy())
@@ -161,22 +165,26 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                         rows = [int(i) for i in np.flatnonzero(done)]
                         policy.reset(rows)
                         since[rows] = 0
+                        won = int(np.asarray(info["final_info"].get("is_success", np.zeros(n)))[rows].sum())
                         episodes += len(rows)
-                        successes += int(np.asarray(info["final_info"].get("is_success", np.zeros(n)))[rows].sum())
+                        window_episodes += len(rows)
+                        window_successes += won
                 env_steps += T * n
                 bar.update(T * n)
                 x_last, _ = policy.residual_input(obs, peek=True)  # the next step acts on these queued actions
                 last_value = policy.value(policy.norm(x_last))
-                adv, ret = gae(rew_buf, val_buf, done_buf, last_value, cfg.gamma, cfg.gae_lambda)
+                adv, ret = gae(rew_buf, val_buf, done_buf, last_value, cfg.gamma, cfg.gae_lambda, dec_buf)
 
-            # ---- PPO: full-batch (or minibatch) epochs, early stop at target KL
-            b_x, b_r, b_logp = x_buf.reshape(T * n, -1), r_buf.reshape(T * n, -1), logp_buf.reshape(-1)
-            b_base = base_buf.reshape(T * n, -1)
-            b_adv, b_ret = adv.reshape(-1), ret.reshape(-1)
+            # ---- PPO on the decisions: full-batch (or minibatch) epochs, early stop at target KL
+            keep = dec_buf.reshape(-1) > 0
+            b_x, b_r, b_logp = x_buf.reshape(T * n, -1)[keep], r_buf.reshape(T * n, -1)[keep], logp_buf.reshape(-1)[keep]
+            b_base = base_buf.reshape(T * n, -1)[keep]
+            b_adv, b_ret = adv.reshape(-1)[keep], ret.reshape(-1)[keep]
             b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
+            m = len(b_adv)
             stats = {}
             for epoch in range(cfg.update_epochs):
-                perm = torch.randperm(T * n)
+                perm = torch.randperm(m)
                 kl_stop = False
                 for idx in perm.chunk(cfg.minibatches):
                     dist = policy.dist(b_x[idx])
@@ -195,14 +203,21 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                     stats = {"pg_loss": pg_loss.item(), "v_loss": v_loss.item(), "kl": kl.item(), "epochs": epoch + 1}
                 if kl_stop:
                     break
-            bar.set_postfix(ep=episodes, train_sr=f"{successes / max(episodes, 1):.2f}", **{k: round(v, 3) for k, v in stats.items()})
+            bar.set_postfix(ep=episodes, train_sr=f"{window_successes / max(window_episodes, 1):.2f}",
+                            **{k: round(v, 3) for k, v in stats.items()})
 
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
                 next_eval += cfg.eval_every
                 elapsed = policy.elapsed.copy()
                 res = evaluate(policy, cfg)
-                curve.add(env_steps, res.success, seconds=time.perf_counter() - t0)
-                log(f"[refine] {env_steps} env steps: success {res.success:.1%}")
+                # the sampled policy's success on the training episodes that ended since the last
+                # evaluation: whether PPO improves its own (noisy) objective, beside the deterministic one
+                train_sr = window_successes / max(window_episodes, 1)
+                curve.add(env_steps, res.success, seconds=time.perf_counter() - t0, train_success=train_sr,
+                          train_episodes=window_episodes)
+                log(f"[refine] {env_steps} env steps: success {res.success:.1%} "
+                    f"(sampled, training: {train_sr:.1%} of {window_episodes})")
+                window_episodes, window_successes = 0, 0
                 policy.reset()  # evaluation used the policy's queues: restart the training episodes' chunks
                 policy.elapsed = elapsed  # ... but their episodes go on: keep their step counts
     finally:
