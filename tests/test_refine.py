@@ -493,11 +493,12 @@ def test_rpd_student_surpasses_its_teacher_with_the_reward(tmp_path):
 
 def test_gae_over_chunk_decisions_is_the_semi_mdp_gae():
     """Decisions every few steps (a chunk cut short by an episode's end included): the advantage at
-    each decision is the semi-MDP one, the steps between decisions get none."""
+    each decision is the semi-MDP one, the steps between decisions get none (λ = 1 here, where the
+    trace's λ^k per decision and RPD's λ per decision agree)."""
     from robopolicy.refine.rpd import _smdp_gae
 
     rng = np.random.default_rng(1)
-    T, gamma, lam, last = 11, 0.9, 0.8, 0.7
+    T, gamma, lam, last = 11, 0.9, 1.0, 0.7
     rew, val = rng.normal(size=T), rng.normal(size=T)
     dones = np.zeros(T)
     dones[4] = 1  # the episode ends inside the chunk decided at 3; the next one decides at 5
@@ -518,7 +519,14 @@ def test_gae_over_chunk_decisions_is_the_semi_mdp_gae():
     torch.testing.assert_close(adv[starts, 0], ref_adv)
     torch.testing.assert_close(ret[starts, 0], ref_ret)
     assert adv[[t for t in range(T) if t not in starts], 0].abs().max().item() == 0.0
+    # λ < 1: the trace decays by λ per step, λ^k across a k-step chunk
+    two = gae(torch.tensor([[0.0], [0.0], [1.0], [0.0]]), torch.tensor([[0.5], [9.0], [2.0], [9.0]]), torch.zeros(4, 1),
+              torch.tensor([3.0]), 0.9, 0.5, torch.tensor([[1.0], [0.0], [1.0], [0.0]]))[0]
+    later = 1.0 + 0.81 * 3.0 - 2.0  # the second decision: reward 1, then γ² to the bootstrap
+    assert two[2, 0].item() == pytest.approx(later, rel=1e-5)
+    assert two[0, 0].item() == pytest.approx(0.81 * 2.0 - 0.5 + 0.25 * 0.81 * later, rel=1e-5)
     # every step a decision: the same as ordinary GAE
+    lam = 0.8
     plain = gae(as_t(rew), as_t(val), as_t(dones), torch.tensor([last], dtype=torch.float32), gamma, lam)
     ones = gae(as_t(rew), as_t(val), as_t(dones), torch.tensor([last], dtype=torch.float32), gamma, lam,
                torch.ones(T, 1))
@@ -574,7 +582,7 @@ def test_residual_ppo_with_chunk_decisions_learns_a_task_with_a_known_answer(tmp
         env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
         residual=ResidualConfig(inputs=["state", "base_action"], hidden=[64, 64], log_std=-0.5, scale=1.0,
                                 execute_steps=4, decision="chunk"),
-        total_env_steps=12_000, num_envs=2, num_steps=256, eval_every=12_000, eval_episodes=50, eval_envs=1,
+        total_env_steps=16_000, num_envs=2, num_steps=256, eval_every=16_000, eval_episodes=50, eval_envs=1,
         out_dir=str(tmp_path / "ppo"), progress=False)
     summary = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
     assert summary["before"] <= 0.1 and summary["after"] >= 0.8

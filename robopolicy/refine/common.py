@@ -179,19 +179,22 @@ def gae(rewards, values, dones, last_value, gamma: float, lam: float, decisions=
     dec = torch.ones_like(rewards) if decisions is None else decisions.to(rewards.dtype)
     reward_sum = torch.zeros_like(rewards[0])  # from step t to the next decision, discounted to t
     discount = torch.ones_like(rewards[0])  # γ^k to the next decision (0 once an episode ended)
+    trace = torch.ones_like(rewards[0])  # λ^k: λ keeps its per-step meaning whatever the decision rate
     next_value, next_adv = last_value, torch.zeros_like(rewards[0])
     for t in reversed(range(T)):
         alive = 1.0 - dones[t]
         reward_sum = rewards[t] + gamma * alive * reward_sum
         discount = gamma * alive * discount
+        trace = lam * trace
         delta = reward_sum + discount * next_value - values[t]
-        a = delta + lam * discount * next_adv
+        a = delta + trace * discount * next_adv
         d = dec[t]
         adv[t] = d * a
         next_value = d * values[t] + (1 - d) * next_value
         next_adv = d * a + (1 - d) * next_adv
         reward_sum = (1 - d) * reward_sum
         discount = d + (1 - d) * discount
+        trace = d + (1 - d) * trace
     return adv, (adv + values) * dec
 
 

@@ -46,7 +46,8 @@ class ResidualPPOConfig:
     gae_lambda: float = 0.95
     clip: float = 0.2
     update_epochs: int = 20
-    """PPO epochs over the full batch (ResiP: 50), stopped early at ``target_kl``."""
+    """PPO epochs over the full batch (ResiP: 50); the actor's stop early at ``target_kl``, the
+    critic's run in full."""
     minibatches: int = 1
     target_kl: float = 0.1
     actor_lr: float = 3e-4
@@ -183,26 +184,33 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
             b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
             m = len(b_adv)
             stats = {}
+            actor_on, actor_epochs = True, 0
             for epoch in range(cfg.update_epochs):
-                perm = torch.randperm(m)
-                kl_stop = False
-                for idx in perm.chunk(cfg.minibatches):
-                    dist = policy.dist(b_x[idx])
-                    new_logp = policy.log_prob(dist, b_r[idx], b_base[idx], clipped=cfg.clipped_likelihood)
-                    pg_loss, kl = ppo_loss(new_logp, b_logp[idx], b_adv[idx], cfg.clip)
+                for idx in torch.randperm(m).chunk(cfg.minibatches):
                     v_loss = 0.5 * (policy.value(b_x[idx]) - b_ret[idx]).pow(2).mean()
-                    if kl.item() > cfg.target_kl:
-                        kl_stop = True
-                        break
+                    loss = cfg.vf_coef * v_loss
+                    if actor_on:
+                        dist = policy.dist(b_x[idx])
+                        new_logp = policy.log_prob(dist, b_r[idx], b_base[idx], clipped=cfg.clipped_likelihood)
+                        pg_loss, kl = ppo_loss(new_logp, b_logp[idx], b_adv[idx], cfg.clip)
+                        if kl.item() > cfg.target_kl:
+                            # the KL stop ends the actor's epochs only: the critic keeps fitting the
+                            # returns (cut with the actor, it fit them in as few as 3 epochs)
+                            actor_on = False
+                        else:
+                            loss = loss + pg_loss
+                            stats.update(pg_loss=pg_loss.item(), kl=kl.item())
+                            actor_epochs = epoch + 1
                     opt_actor.zero_grad()
                     opt_critic.zero_grad()
-                    (pg_loss + cfg.vf_coef * v_loss).backward()
-                    torch.nn.utils.clip_grad_norm_(params["actor"] + params["critic"], cfg.max_grad_norm)
-                    opt_actor.step()
+                    loss.backward()
+                    # clipped apart: a large critic gradient must not shrink the actor's step
+                    torch.nn.utils.clip_grad_norm_(params["actor"], cfg.max_grad_norm)
+                    torch.nn.utils.clip_grad_norm_(params["critic"], cfg.max_grad_norm)
+                    if actor_on:
+                        opt_actor.step()
                     opt_critic.step()
-                    stats = {"pg_loss": pg_loss.item(), "v_loss": v_loss.item(), "kl": kl.item(), "epochs": epoch + 1}
-                if kl_stop:
-                    break
+                    stats.update(v_loss=v_loss.item(), epochs=actor_epochs)
             bar.set_postfix(ep=episodes, train_sr=f"{window_successes / max(window_episodes, 1):.2f}",
                             **{k: round(v, 3) for k, v in stats.items()})
 
