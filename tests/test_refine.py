@@ -67,6 +67,16 @@ def test_per_dimension_residual_scale():
         ResidualConfig(scale_per_dim=[float("nan")] * 6)
 
 
+def test_per_dimension_log_std():
+    policy = ResidualPolicy(ResidualConfig(log_std_per_dim=[-2.0] * 5 + [0.0]), LOW, HIGH, base=tiny_base())
+    std = policy.dist(torch.zeros(3, policy.norm.mean.shape[0])).stddev
+    np.testing.assert_allclose(std.numpy(), np.tile(np.exp([-2.0] * 5 + [0.0]), (3, 1)), rtol=1e-6)
+    with pytest.raises(PolicyError, match="log_std_per_dim has 2 values"):
+        ResidualPolicy(ResidualConfig(log_std_per_dim=[-2.0, 0.0]), LOW, HIGH, base=tiny_base())
+    with pytest.raises(ValueError, match="finite"):
+        ResidualConfig(log_std_per_dim=[float("inf")] * 6)
+
+
 def test_the_time_input_counts_each_rows_steps_since_its_reset(tmp_path):
     with pytest.raises(ValueError, match="time_horizon"):
         ResidualConfig(inputs=["state", "time"])
