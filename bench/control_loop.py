@@ -10,11 +10,16 @@ settings (as lerobot's record/teleoperate loops).
 Lateness = tick start − its intended start (ours: the fixed schedule; LeRobot-style: previous
 start + period, since it keeps no schedule). Missed deadline = lateness + work > period.
 
+Each missed tick is classified from the loop thread's own view (``hardware.control.clock.classify_miss``):
+started late, preempted, page fault, blocked off the CPU (GIL, lock, I/O), or on the CPU the whole
+tick and still over time (its own work, or the host slowing or pausing the virtual CPU).
+
 ``--probe`` also runs an independent probe process beside each loop: the same hybrid sleep at
-the same rate and priority, and nothing else (no GIL shared with the node, no driver, no
-worker). A missed tick of the node that falls inside a stall of the probe was a stall of the
-machine (the OS or the hypervisor), not of the node. The CPU time stolen by the hypervisor over
-each run (/proc/stat) is printed as well.
+the same rate and priority, then a fixed pure-Python computation of ``--probe-work-us`` (no GIL
+shared with the node, no driver, no worker). A missed tick of the node that overlaps a stall of
+the probe, or a probe tick whose fixed work took 3x its median, happened while the machine itself
+was stalled or slowed (the OS or the hypervisor), not because of the node. The CPU time stolen by
+the hypervisor over each run (/proc/stat) is printed as well.
 
     python bench/control_loop.py --duration 60 --rate 500 --work-ms 30 [--probe]
 """
@@ -32,7 +37,7 @@ import time
 import numpy as np
 
 from hardware.control import ActionScheduler, ControlNode, NodeConfig, PolicyWorkerSource, SafetyFilter
-from hardware.control.clock import setup_realtime, sleep_until
+from hardware.control.clock import setup_realtime, sleep_until, thread_usage
 from hardware.drivers.base import DriverSpec
 
 
@@ -63,6 +68,52 @@ class LoopbackArm:
         pass
 
 
+def _busy(iters: int) -> int:
+    x = 0
+    for i in range(iters):
+        x += i
+    return x
+
+
+class Canary:
+    """A fixed pure-Python computation after every tick (``--canary-us``), timed, with the tick's
+    start. When it takes several times its median, the CPU itself ran slow during that tick."""
+
+    def __init__(self, work_us: float, capacity: int):
+        t = time.perf_counter()
+        _busy(100_000)
+        self.iters = max(1, int(100_000 * work_us * 1e-6 / (time.perf_counter() - t)))
+        self.took, self.start, self.n = np.zeros(capacity), np.zeros(capacity), 0
+
+    def __call__(self, tick_start: float) -> None:
+        c0 = time.monotonic()
+        _busy(self.iters)
+        if self.n < len(self.took):
+            self.took[self.n], self.start[self.n] = time.monotonic() - c0, tick_start
+            self.n += 1
+
+    def slowdown_at(self, tick_start: float) -> float:
+        """How many times its median the canary took in the tick that started at ``tick_start``."""
+        took, start = self.took[: self.n], self.start[: self.n]
+        i = int(np.searchsorted(start, tick_start))
+        if i >= len(start) or start[i] != tick_start:
+            return float("nan")
+        return float(took[i] / np.median(took))
+
+
+def with_canary(cls):
+    class WithCanary(cls):
+        canary: Canary | None = None
+
+        def _tick(self, now: float) -> None:
+            super()._tick(now)
+            if self.canary is not None:
+                self.canary(now)
+
+    WithCanary.__name__ = cls.__name__
+    return WithCanary
+
+
 class SleepLoopNode(ControlNode):
     """The same tick, paced the LeRobot way: sleep for what is left of the period, no RT settings."""
 
@@ -72,9 +123,11 @@ class SleepLoopNode(ControlNode):
         intended = time.monotonic()
         while self._running.is_set():
             t0 = time.monotonic()
+            u0, c0 = thread_usage(), time.thread_time()
             self._tick(t0)
+            c1, u1 = time.thread_time(), thread_usage()
             t1 = time.monotonic()
-            self.timer.record(t0 - intended, t1 - t0, t0)
+            self.timer.record(t0 - intended, t1 - t0, t0, c1 - c0, u0, u1)
             time.sleep(max(self.period - (t1 - t0), 0.0))
             intended = t0 + self.period
 
@@ -89,32 +142,42 @@ def steal_seconds() -> float:
         return float("nan")
 
 
-def probe_main(out: str, duration: float, rate: float, spin: float, fifo: bool) -> None:
-    """The probe process: hybrid sleep to a fixed schedule, one timestamp per tick, nothing else."""
+def probe_main(out: str, duration: float, rate: float, spin: float, fifo: bool, work_us: float) -> None:
+    """The probe process: hybrid sleep to a fixed schedule, then a fixed pure-Python computation
+    of about ``work_us`` (the node's usual tick work), timed; nothing else. A stall of the machine
+    shows as lateness, a slowdown of the CPU (host contention) as work far above its median."""
     setup_realtime(fifo, 50, None)
+    t = time.perf_counter()
+    _busy(100_000)
+    iters = max(1, int(100_000 * work_us * 1e-6 / (time.perf_counter() - t)))
     period, n = 1.0 / rate, int(duration * rate)
-    start, late = np.zeros(n), np.zeros(n)
+    start, late, work = np.zeros(n), np.zeros(n), np.zeros(n)
     deadline = time.monotonic()
     for i in range(n):
         sleep_until(deadline, spin)
         t0 = time.monotonic()
-        start[i], late[i] = t0, t0 - deadline
+        _busy(iters)
+        t1 = time.monotonic()
+        start[i], late[i], work[i] = t0, t0 - deadline, t1 - t0
         deadline += period
-        if t0 > deadline:
-            deadline += (int((t0 - deadline) / period) + 1) * period
-    np.savez(out, start=start, late=late)
+        if t1 > deadline:
+            deadline += (int((t1 - deadline) / period) + 1) * period
+    np.savez(out, start=start, late=late, work=work)
 
 
-def coincide(miss_start: np.ndarray, miss_late: np.ndarray, probe: dict, min_stall: float = 5e-4) -> int:
-    """How many of the node's missed ticks overlap a stall (lateness >= min_stall) of the probe."""
+def coincide(miss_start: np.ndarray, miss_late: np.ndarray, miss_work: np.ndarray, probe: dict, min_stall: float = 5e-4,
+             slow: float = 3.0) -> int:
+    """How many of the node's missed ticks overlap a disturbance of the probe: a stall (lateness
+    >= min_stall) or a slowed tick (work >= ``slow`` x its median)."""
     stalled = probe["late"] >= min_stall
-    s_end = probe["start"][stalled]
-    s_begin = s_end - probe["late"][stalled]
+    slowed = probe["work"] >= slow * np.median(probe["work"])
+    d_begin = np.concatenate([probe["start"][stalled] - probe["late"][stalled], probe["start"][slowed]])
+    d_end = np.concatenate([probe["start"][stalled], probe["start"][slowed] + probe["work"][slowed]])
     hits = 0
-    for t, lt in zip(miss_start, miss_late):
-        # the node's tick was due at t - lt and started at t; a probe stall overlapping that
-        # window (1 ms of slack either side for the two schedules' phase) is the same event
-        if np.any((s_begin <= t + 1e-3) & (s_end >= t - lt - 1e-3)):
+    for t, lt, w in zip(miss_start, miss_late, miss_work):
+        # the node's tick was due at t - lt, started at t and ended at t + w; a disturbance of the
+        # probe overlapping that window (1 ms of slack either side for the two schedules' phase)
+        if np.any((d_begin <= t + w + 1e-3) & (d_end >= t - lt - 1e-3)):
             hits += 1
     return hits
 
@@ -125,8 +188,10 @@ def run_one(cls, name: str, args, workdir: str) -> dict:
     cmd = [sys.executable, "-m", "robopolicy.deploy.worker", "--endpoint", ep,
            "--policy", f"sine:amp=0.2,work_ms={args.work_ms}", "--parent-pid", str(os.getpid())]
     src = PolicyWorkerSource(ep, cmd, request_hz=args.policy_hz)
-    node = cls(drv, src, ActionScheduler("ensemble"), SafetyFilter(drv.spec, 1 / args.rate),
+    node = with_canary(cls)(drv, src, ActionScheduler("ensemble"), SafetyFilter(drv.spec, 1 / args.rate),
                NodeConfig(rate_hz=args.rate, spin=args.spin_us * 1e-6, fifo=not args.no_fifo))
+    if args.canary_us > 0:
+        node.canary = Canary(args.canary_us, int((args.duration + 40) * args.rate))
     node.start()
     deadline = time.monotonic() + 30
     while src.replies == 0 and time.monotonic() < deadline:  # worker start-up is not loop timing
@@ -135,11 +200,10 @@ def run_one(cls, name: str, args, workdir: str) -> dict:
     if args.probe:
         probe_proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--probe-out", probe_out,
                                        "--duration", str(args.duration + 1.0), "--rate", str(args.rate),
-                                       "--spin-us", str(args.spin_us)] + (["--no-fifo"] if args.no_fifo else []))
+                                       "--spin-us", str(args.spin_us), "--probe-work-us", str(args.probe_work_us)] + (["--no-fifo"] if args.no_fifo else []))
         time.sleep(0.5)
     skip = node.timer.n
-    node.timer.missed = 0
-    node.timer.skipped = 0
+    node.timer.clear_misses()
     steal0 = steal_seconds()
     t0 = time.monotonic()
     time.sleep(args.duration)
@@ -160,13 +224,22 @@ def run_one(cls, name: str, args, workdir: str) -> dict:
         probe = {"probe_ticks": int(keep.sum()), "probe_p99_us": float(np.percentile(pr["late"], 99) * 1e6),
                  "probe_max_us": float(pr["late"].max() * 1e6),
                  "probe_stalls": int(np.sum(pr["late"] >= 5e-4)),
+                 "probe_work_p50_us": float(np.median(pr["work"]) * 1e6),
+                 "probe_slowed": int(np.sum(pr["work"] >= 3.0 * np.median(pr["work"]))),
                  "probe_missed": int(np.sum(pr["late"] > 1.0 / args.rate)),
-                 "misses_in_probe_stall": coincide(starts[is_miss], late[is_miss] / 1e6, pr)}
-    return {**probe, "steal_s": steal,
+                 "misses_in_probe_stall": coincide(starts[is_miss], late[is_miss] / 1e6, work[is_miss] / 1e6, pr)}
+    canary = {}
+    if node.canary is not None:
+        slow = [node.canary.slowdown_at(m["start"]) for m in node.timer.miss_details]
+        canary = {"canary_us_p50": float(np.median(node.canary.took[: node.canary.n]) * 1e6),
+                  "misses_cpu_slowed": int(sum(x >= 3.0 for x in slow)), "misses_classified": len(slow)}
+    return {**probe, **canary, "steal_s": steal,
         "loop": name, "ticks": len(late), "achieved_hz": len(late) / wall,
         "p50_us": float(np.percentile(late, 50)), "p99_us": float(np.percentile(late, 99)),
         "max_us": float(late.max()), "missed": missed, "skipped": node.timer.skipped,
-        "work_p50_us": float(np.percentile(work, 50)), "chunks": node.scheduler.received,
+        "work_p50_us": float(np.percentile(work, 50)), "work_p99_us": float(np.percentile(work, 99)),
+        "miss_causes": {k: v for k, v in node.timer.miss_causes.items() if v},
+        "miss_details": node.timer.miss_details[:50], "chunks": node.scheduler.received,
         "infer_ms_p50": src.stats()["infer_ms"]["p50"],
         "realtime": node.realtime, "fault": node.fault.as_dict() if node.fault else None,
     }
@@ -181,11 +254,14 @@ def main() -> None:
     p.add_argument("--spin-us", type=float, default=300.0)
     p.add_argument("--no-fifo", action="store_true")
     p.add_argument("--probe", action="store_true", help="run the independent probe process beside each loop")
+    p.add_argument("--canary-us", type=float, default=0.0,
+                   help="run a fixed computation of this many us after every tick and report the misses in which it ran >= 3x slower")
+    p.add_argument("--probe-work-us", type=float, default=300.0, help="fixed computation per probe tick")
     p.add_argument("--probe-out", help=argparse.SUPPRESS)  # internal: this process is the probe
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
     if args.probe_out:
-        probe_main(args.probe_out, args.duration, args.rate, args.spin_us * 1e-6, not args.no_fifo)
+        probe_main(args.probe_out, args.duration, args.rate, args.spin_us * 1e-6, not args.no_fifo, args.probe_work_us)
         return
     load = os.getloadavg()
     print(f"control loop at {args.rate:.0f} Hz for {args.duration:.0f} s each, worker {args.work_ms:.0f} ms/inference "
@@ -207,9 +283,19 @@ def main() -> None:
         line = f"{r['loop']}: {r['steal_s'] * 1e3:.0f} ms of CPU stolen by the hypervisor during the run"
         if "probe_ticks" in r:
             line += (f"; probe process beside it: p99 {r['probe_p99_us']:.0f} us, max {r['probe_max_us']:.0f} us, "
-                     f"{r['probe_stalls']} stalls >= 0.5 ms, {r['probe_missed']} deadlines missed; {r['misses_in_probe_stall']} of {r['missed']} missed "
-                     f"ticks fell in a probe stall")
+                     f"{r['probe_stalls']} stalls >= 0.5 ms, {r['probe_slowed']} ticks whose fixed {r['probe_work_p50_us']:.0f} us "
+                     f"of work took >= 3x as long, {r['probe_missed']} deadlines missed; {r['misses_in_probe_stall']} of {r['missed']} missed "
+                     f"ticks overlapped a probe stall or slowed tick")
         print(line)
+    for r in rows:
+        causes = ", ".join(f"{k} {v}" for k, v in sorted(r["miss_causes"].items(), key=lambda kv: -kv[1])) or "none"
+        line = f"{r['loop']}: tick work p50 {r['work_p50_us']:.0f} us, p99 {r['work_p99_us']:.0f} us; missed ticks by cause: {causes}"
+        if "canary_us_p50" in r:
+            line += (f"; in {r['misses_cpu_slowed']} of {r['misses_classified']} missed ticks the fixed {r['canary_us_p50']:.0f} us "
+                     f"canary computation ran >= 3x slower (the CPU itself was slow)")
+        print(line)
+    print("  (late_wakeup: started late; on_cpu: ran the whole tick without a switch or fault, yet overran: its own work\n"
+          "   or a hypervisor pause of the vCPU; off_cpu_wait: blocked (GIL, lock, I/O); preempted; page_fault)")
     print(f"ours: realtime {ours['realtime']}; chunks {ours['chunks']}; goal p99 <= 200 us, 0 missed")
     print(f"load average after {load2[0]:.2f} {load2[1]:.2f} {load2[2]:.2f}")
     if args.json:

@@ -45,6 +45,73 @@ def test_rtc_crossfade_hands_over_from_the_old_plan_to_the_new():
     assert s.command_at(0.45)[0] == pytest.approx(1.0)
 
 
+def _reference_command(chunks, blend, k, crossfade, hold_last, t):
+    """Blend written the direct way: interpolate every covering chunk, then weight."""
+    def interp(v, t0, dt):
+        x = (t - t0) / dt
+        if x <= 0:
+            return v[0]
+        i = int(x)
+        return v[-1] if i >= len(v) - 1 else v[i] * (1 - (x - i)) + v[i + 1] * (x - i)
+
+    act = [c for c in chunks if c[1] - 1e-9 <= t <= c[1] + (len(c[0]) - 1) * c[2] + hold_last + 1e-9]
+    if not act:
+        return None
+    if blend == "latest" or len(act) == 1:
+        return interp(*act[-1][:3])
+    if blend == "ensemble":
+        w = [math.exp(-k * i) for i in range(len(act))]
+        return sum(wi * interp(*c[:3]) for wi, c in zip(w, act)) / sum(w)
+    out = interp(*act[0][:3])
+    for c in act[1:]:
+        a = min(1.0, max(0.0, (t - c[3]) / crossfade))
+        out = (1 - a) * out + a * interp(*c[:3])
+    return out
+
+
+@pytest.mark.parametrize("blend", ["ensemble", "rtc", "latest"])
+def test_scheduler_blend_matches_the_direct_computation(blend):
+    """Ring-buffer gather + one dot product == interpolating each chunk and weighting, over a
+    stream of chunks of varying length (buffer growth), late arrivals and expiry."""
+    rng = np.random.default_rng(0)
+    s = ActionScheduler(blend, ensemble_k=0.3, crossfade=0.07, max_chunks=4, hold_last=0.02)
+    kept = []  # (values after dropping late steps, t0, dt, t_arrived) in arrival order
+    now = 10.0
+    for n in range(40):
+        h = int(rng.integers(1, 30))
+        values, t_obs, dt = rng.normal(size=(h, 3)), now - rng.uniform(0, 0.08), float(rng.choice([0.02, 0.05]))
+        late = s.add(Chunk(values, t_obs, dt), now)
+        if late < h:
+            kept = (kept + [(values[late:], t_obs + late * dt, dt, now)])[-4:]
+        for t in now + np.sort(rng.uniform(0, 0.06, 5)):
+            ref = _reference_command(kept, blend, 0.3, 0.07, 0.02, t)
+            got = s.command_at(t)
+            assert (got is None) == (ref is None), (n, t)
+            if got is not None:
+                np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+        now += rng.uniform(0.01, 0.08)
+    with pytest.raises(ValueError, match="action size"):
+        s.add(Chunk(np.zeros((5, 4)), now, 0.05), now)  # another action size while chunks fly
+
+
+@pytest.mark.parametrize("accel", [True, False])
+def test_safety_fast_path_equals_the_staged_clamps(accel):
+    """The one-check fast path (no limit binds) gives the staged filter's commands and counts."""
+    spec = DriverSpec("arm", tuple("abcd"), -np.ones(4), np.ones(4), max_rate=np.array([1.0, 2.0, 3.0, 4.0]),
+                      max_rate2=200.0 if accel else None, rate_hz=100.0, command_timeout=0.5)
+    fast, staged = SafetyFilter(spec, 0.01, max_step=0.025), SafetyFilter(spec, 0.01, max_step=0.025)
+    staged._fast = False
+    rng = np.random.default_rng(1)
+    for f in (fast, staged):
+        f.reset(np.zeros(4))
+    target = np.zeros(4)
+    for _ in range(3000):
+        target = np.clip(target + rng.normal(0, 0.01, 4), -1.1, 1.1)  # sometimes beyond the bounds or too fast
+        a, b = fast(target), staged(target)
+        np.testing.assert_allclose(a, b, atol=1e-12)
+    assert fast.counts == staged.counts and sum(fast.counts.values()) > 0
+
+
 def test_waypoint_follower_compensates_for_motion_since_the_observation():
     f = WaypointFollower(v_max=1.0, omega_max=1.0, lookahead=0.3)
     f.integrate(np.zeros(2), 0.0)
@@ -164,6 +231,58 @@ def test_a_process_stall_is_counted_not_a_driver_hang(moving_node):
     assert node.fault is None, node.fault
     assert node.stalls >= 1 and node.report()["stalls"]["longest_ms"] > node.cfg.driver_timeout * 1e3
     assert node.timer.skipped > skipped  # the deadlines it could not run are counted
+
+
+def test_classify_miss_names_the_cause():
+    from types import SimpleNamespace as U
+
+    from hardware.control.clock import classify_miss
+
+    def u(iv=0, v=0, mn=0, mj=0):
+        return U(ru_nivcsw=iv, ru_nvcsw=v, ru_minflt=mn, ru_majflt=mj)
+
+    assert classify_miss(3e-3, 1e-4, 1e-4, u(), u())["cause"] == "late_wakeup"
+    assert classify_miss(1e-5, 3e-3, 1e-3, u(), u(iv=1))["cause"] == "preempted"
+    assert classify_miss(1e-5, 3e-3, 3e-3, u(), u(mj=1))["cause"] == "page_fault"
+    assert classify_miss(1e-5, 3e-3, 4e-4, u(), u(v=1))["cause"] == "off_cpu_wait"
+    d = classify_miss(1e-5, 3e-3, 2.9e-3, u(), u())
+    assert d["cause"] == "on_cpu" and d["involuntary_switches"] == 0 and d["work_us"] == pytest.approx(3000)
+    assert classify_miss(1e-5, 3e-3, float("nan"), None, None)["cause"] == "unknown"
+
+
+def test_missed_ticks_are_classified_by_what_the_thread_did(moving_node):
+    """A tick that blocks in the driver is an off-CPU wait; one that computes is on-CPU."""
+    from hardware.control.clock import thread_usage
+
+    if thread_usage() is None:
+        pytest.skip("no per-thread resource usage on this OS")
+    node, drv, _ = moving_node
+    read, todo = drv.read, {"n": 0, "how": "sleep"}
+
+    def slow_read():
+        if todo["n"] > 0:
+            todo["n"] -= 1
+            if todo["how"] == "sleep":  # blocked on I/O: off the CPU
+                time.sleep(1.5 * node.period)
+            else:  # computing: on the CPU
+                end = time.monotonic() + 1.5 * node.period
+                while time.monotonic() < end:
+                    pass
+        return read()
+
+    drv.read = slow_read
+    for how in ("sleep", "spin"):
+        before = dict(node.timer.miss_causes)
+        todo.update(n=5, how=how)
+        assert wait_for(lambda: todo["n"] == 0)
+        time.sleep(0.05)
+        got = {k: v - before[k] for k, v in node.timer.miss_causes.items()}
+        if how == "sleep":
+            assert got["off_cpu_wait"] >= 3, got
+        else:
+            assert got["on_cpu"] + got["preempted"] >= 3 and got["on_cpu"] >= 1 and got["off_cpu_wait"] <= 2, got
+    assert node.report()["timing"]["miss_causes"]["off_cpu_wait"] >= 3
+    assert node.timer.miss_details[-1]["work_us"] > 1000
 
 
 def test_nan_chunk_is_a_fault_not_a_command():

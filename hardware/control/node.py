@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hardware.control.clock import TickTimer, setup_realtime, sleep_until
+from hardware.control.clock import TickTimer, setup_realtime, sleep_until, thread_usage
 from hardware.control.faults import FaultLatch
 from hardware.control.safety import NonFiniteCommand, SafetyFilter
 from hardware.control.scheduler import ActionScheduler, WaypointFollower
@@ -207,9 +207,11 @@ class ControlNode:
         while self._running.is_set():
             sleep_until(deadline, self.spin)
             t0 = time.monotonic()
+            u0, c0 = thread_usage(), time.thread_time()
             self._tick(t0)
+            c1, u1 = time.thread_time(), thread_usage()
             t1 = time.monotonic()
-            self.timer.record(t0 - deadline, t1 - t0, t0)
+            self.timer.record(t0 - deadline, t1 - t0, t0, c1 - c0, u0, u1)
             deadline += self.period
             if t1 > deadline:  # overrun: count the deadlines we jump over, do not try to catch up
                 missed = int((t1 - deadline) / self.period) + 1

@@ -57,7 +57,12 @@ def _interp(values: np.ndarray, t0: float, dt: float, t: float) -> np.ndarray:
 
 
 class ActionScheduler:
-    """Holds time-stamped chunks; :meth:`command_at` gives the blended command for time ``t``."""
+    """Holds time-stamped chunks; :meth:`command_at` gives the blended command for time ``t``.
+
+    The chunks' steps live in one ``(max_chunks, H, A)`` ring buffer, so blending any number of
+    overlapping chunks costs one gather and one dot product per tick (a per-chunk loop of small
+    numpy operations cost ~15 µs per chunk, ~150 µs per tick with ten chunks in flight).
+    """
 
     def __init__(self, blend: str = "ensemble", ensemble_k: float = 0.01, crossfade: float = 0.1,
                  max_chunks: int = 10, hold_last: float = 0.0):
@@ -65,8 +70,16 @@ class ActionScheduler:
             raise ValueError(f"blend must be one of {BLENDS}, got {blend!r}")
         if ensemble_k < 0 or crossfade < 0 or hold_last < 0:
             raise ValueError("ensemble_k, crossfade and hold_last must be >= 0")
+        if max_chunks < 1:
+            raise ValueError("max_chunks must be >= 1")
         self.blend, self.k, self.crossfade, self.hold_last = blend, float(ensemble_k), float(crossfade), float(hold_last)
-        self.chunks: deque[_Active] = deque(maxlen=max_chunks)
+        self.max_chunks = int(max_chunks)
+        self.chunks: deque[_Active] = deque(maxlen=self.max_chunks)
+        # ensemble weights exp(-k i), normalised, for each number of covering chunks
+        w = [math.exp(-self.k * i) for i in range(self.max_chunks)]
+        self._ens = [[x / sum(w[:n]) for x in w[:n]] for n in range(self.max_chunks + 1)]
+        self._buf: np.ndarray | None = None  # (max_chunks, H, A) steps of the live chunks
+        self._slot = 0
         self.dropped_steps = 0
         self.dropped_chunks = 0
         self.received = 0
@@ -76,12 +89,29 @@ class ActionScheduler:
         self.chunks.clear()
         self.last_fresh = -math.inf
 
+    def _store(self, values: np.ndarray) -> int:
+        """Copy ``values (h, A)`` into the next ring slot (the slot of the chunk the deque evicts)."""
+        h, a = values.shape
+        buf = self._buf
+        if buf is None or buf.shape[2] != a:
+            if buf is not None and self.chunks:
+                raise ValueError(f"chunk action size {a} != {buf.shape[2]} of the chunks in flight")
+            self._buf = buf = np.zeros((self.max_chunks, h, a))
+        elif buf.shape[1] < h:  # a longer chunk than any before: grow, keeping the live steps
+            grown = np.zeros((self.max_chunks, h, a))
+            grown[:, : buf.shape[1]] = buf
+            self._buf = buf = grown
+        slot = self._slot
+        self._slot = (slot + 1) % self.max_chunks
+        buf[slot, :h] = values
+        return slot
+
     def add(self, chunk: Chunk, now: float) -> int:
         """Accept ``chunk`` at time ``now``; returns how many of its steps were already late."""
         values = np.asarray(chunk.values, dtype=np.float64)
         if values.ndim != 2 or len(values) == 0:
             raise ValueError(f"a chunk must be (H, A) with H >= 1, got shape {values.shape}")
-        if chunk.dt <= 0:
+        if not chunk.dt > 0:
             raise ValueError("chunk dt must be > 0")
         self.received += 1
         # Steps strictly before the previous step boundary are late: drop them, but keep one step
@@ -93,35 +123,54 @@ class ActionScheduler:
             self.dropped_chunks += 1
             return len(values)
         self.dropped_steps += late
-        self.chunks.append(_Active(values[late:], chunk.t_obs + late * chunk.dt, chunk.dt, now))
+        kept = values[late:]
+        slot = self._store(kept)
+        self.chunks.append(_Active(kept, chunk.t_obs + late * chunk.dt, float(chunk.dt), now, slot))
         self.last_fresh = now
         return late
 
     def _covering(self, t: float) -> list[_Active]:
-        while self.chunks and self.chunks[0].t_end + self.hold_last < t and len(self.chunks) > 1:
-            self.chunks.popleft()  # expired (keep the newest as the fallback plan)
-        return [c for c in self.chunks if c.t0 - 1e-9 <= t <= c.t_end + self.hold_last + 1e-9]
+        chunks = self.chunks
+        while len(chunks) > 1 and chunks[0].t_end + self.hold_last < t:
+            chunks.popleft()  # expired (keep the newest as the fallback plan)
+        lo, hi = t + 1e-9, t - self.hold_last - 1e-9
+        return [c for c in chunks if c.t0 <= lo and c.t_end >= hi]
 
     def command_at(self, t: float) -> np.ndarray | None:
         """The blended command for time ``t``, or None when no chunk covers ``t``."""
         active = self._covering(t)
-        if not active:
+        n = len(active)
+        if n == 0:
             return None
-        if self.blend == "latest" or len(active) == 1:
+        if self.blend == "latest" or n == 1:
             return _interp(active[-1].values, active[-1].t0, active[-1].dt, t)
         if self.blend == "ensemble":
-            acc, wsum = 0.0, 0.0
-            for i, c in enumerate(active):  # oldest first
-                w = math.exp(-self.k * i)
-                acc = acc + w * _interp(c.values, c.t0, c.dt, t)
-                wsum += w
-            return acc / wsum
-        # rtc crossfade: fold from the oldest plan to the newest, each taking over on arrival
-        out = _interp(active[0].values, active[0].t0, active[0].dt, t)
-        for c in active[1:]:
-            a = 1.0 if self.crossfade == 0 else min(1.0, max(0.0, (t - c.t_arrived) / self.crossfade))
-            out = (1.0 - a) * out + a * _interp(c.values, c.t0, c.dt, t)
-        return out
+            weights = self._ens[n]  # oldest first
+        else:  # rtc crossfade: fold from the oldest plan to the newest, each taking over on arrival
+            weights = [1.0]
+            for c in active[1:]:
+                a = 1.0 if self.crossfade == 0 else min(1.0, max(0.0, (t - c.t_arrived) / self.crossfade))
+                weights = [x * (1.0 - a) for x in weights]
+                weights.append(a)
+        # every chunk is linear between its steps: weight (1-f) on step i, f on step i+1
+        slots, rows, coef = [], [], []
+        for c, w in zip(active, weights):
+            x = (t - c.t0) / c.dt
+            last = c.n - 1
+            if x <= 0.0:
+                i, f = 0, 0.0
+            else:
+                i = int(x)
+                f = x - i
+                if i >= last:
+                    i, f = last, 0.0
+            slots.append(c.slot)
+            rows.append(i)
+            coef.append(w * (1.0 - f))
+            slots.append(c.slot)
+            rows.append(min(i + 1, last))
+            coef.append(w * f)
+        return np.dot(coef, self._buf[slots, rows])
 
     def planned(self, t: float, n: int, dt: float) -> np.ndarray | None:
         """The next ``n`` commands at spacing ``dt`` from ``t`` (the in-flight plan, for RTC
@@ -137,16 +186,15 @@ class ActionScheduler:
         return np.stack(out)
 
 
-@dataclass
 class _Active:
-    values: np.ndarray
-    t0: float
-    dt: float
-    t_arrived: float
+    """A chunk in flight: its kept steps (also in the scheduler's ring buffer at ``slot``)."""
 
-    @property
-    def t_end(self) -> float:
-        return self.t0 + (len(self.values) - 1) * self.dt
+    __slots__ = ("values", "t0", "dt", "t_arrived", "slot", "n", "t_end")
+
+    def __init__(self, values: np.ndarray, t0: float, dt: float, t_arrived: float, slot: int):
+        self.values, self.t0, self.dt, self.t_arrived, self.slot = values, t0, dt, t_arrived, slot
+        self.n = len(values)
+        self.t_end = t0 + (self.n - 1) * dt
 
 
 class WaypointFollower:
