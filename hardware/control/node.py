@@ -330,6 +330,7 @@ class ControlNode:
         return {
             "rate_hz": self.rate,
             "timing": self.timer.summary(),
+            "missed_ticks": self.timer.miss_details[:200],  # the first misses, each with its cause
             "realtime": self.realtime,
             "spin_us": self.spin * 1e6,
             "scheduler": {

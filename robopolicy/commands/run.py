@@ -43,9 +43,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     report = run(cfg)
     t = report["timing"]
     late = t["lateness_us"]
+    causes = ", ".join(f"{k} {v}" for k, v in t.get("miss_causes", {}).items())
     print(f"run: {t['ticks']} ticks at {report['rate_hz']:.0f} Hz, lateness p50 {late['p50']:.0f} us, "
-          f"p99 {late['p99']:.0f} us, max {late['max']:.0f} us, missed deadlines {t['missed_deadlines']}, "
-          f"skipped ticks {t['skipped_ticks']}; faults: {[f['code'] for f in report['faults']] or 'none'}")
+          f"p99 {late['p99']:.0f} us, max {late['max']:.0f} us, missed deadlines {t['missed_deadlines']}"
+          f"{f' ({causes})' if causes else ''}, skipped ticks {t['skipped_ticks']}; "
+          f"faults: {[f['code'] for f in report['faults']] or 'none'}")
     if report.get("task"):
         print(f"task: {report['task']}")
     print(f"timing report: {cfg.report}")
