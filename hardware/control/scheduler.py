@@ -147,16 +147,21 @@ class ActionScheduler:
         if self.blend == "ensemble":
             weights = self._ens[n]  # oldest first
         else:  # rtc crossfade: fold from the oldest plan to the newest, each taking over on arrival
-            weights = [1.0]
-            for c in active[1:]:
-                a = 1.0 if self.crossfade == 0 else min(1.0, max(0.0, (t - c.t_arrived) / self.crossfade))
-                weights = [x * (1.0 - a) for x in weights]
-                weights.append(a)
+            # chunk j ends with weight a_j * prod_{m>j} (1 - a_m), the oldest with a_0 = 1
+            cf = self.crossfade
+            weights, keep = [0.0] * n, 1.0
+            for j in range(n - 1, 0, -1):
+                a = 1.0 if cf == 0 else min(1.0, max(0.0, (t - active[j].t_arrived) / cf))
+                weights[j] = a * keep
+                keep *= 1.0 - a
+            weights[0] = keep
         # every chunk is linear between its steps: weight (1-f) on step i, f on step i+1
-        slots, rows, coef = [], [], []
+        h = self._buf.shape[1]
+        idx, coef = [], []
         for c, w in zip(active, weights):
             x = (t - c.t0) / c.dt
             last = c.n - 1
+            base = c.slot * h
             if x <= 0.0:
                 i, f = 0, 0.0
             else:
@@ -164,13 +169,9 @@ class ActionScheduler:
                 f = x - i
                 if i >= last:
                     i, f = last, 0.0
-            slots.append(c.slot)
-            rows.append(i)
-            coef.append(w * (1.0 - f))
-            slots.append(c.slot)
-            rows.append(min(i + 1, last))
-            coef.append(w * f)
-        return np.dot(coef, self._buf[slots, rows])
+            idx += (base + i, base + min(i + 1, last))
+            coef += (w * (1.0 - f), w * f)
+        return np.dot(coef, self._buf.reshape(-1, self._buf.shape[2]).take(idx, 0))
 
     def planned(self, t: float, n: int, dt: float) -> np.ndarray | None:
         """The next ``n`` commands at spacing ``dt`` from ``t`` (the in-flight plan, for RTC
