@@ -351,9 +351,30 @@ def test_chunk_actor_predicts_chunks_round_trips_and_runs_in_eval(tmp_path):
     assert split.env_steps == 16 and split.policy_calls == 4  # each chunk runs in full: 2 per 8-step episode
 
 
-def test_smdp_gae_is_per_step_gae_for_one_step_decisions_and_discounts_chunks():
-    from robopolicy.refine.rpd import _smdp_gae
+def _smdp_gae(records, tail, lam):
+    """Reference semi-MDP GAE written over each env's decision records: ``R`` the discounted reward
+    over the steps a decision's actions ran, ``g`` the discount to the next decision (γ^steps),
+    ``tail[i]`` the value after env i's last decision; λ applied once per decision (at λ = 1 the
+    same as refine.common.gae's λ^k trace)."""
+    flat, adv, ret = [], [], []
+    for i, recs in enumerate(records):
+        a_next, v_next = 0.0, float(tail[i])
+        out = []
+        for rec in reversed(recs):
+            v = float(rec["v"])
+            live = 0.0 if rec["done"] else 1.0
+            delta = rec["R"] + live * rec["g"] * v_next - v
+            a_next = delta + live * rec["g"] * lam * a_next
+            out.append((rec, a_next, a_next + v))
+            v_next = v
+        for rec, a, r in reversed(out):
+            flat.append(rec)
+            adv.append(a)
+            ret.append(r)
+    return flat, torch.tensor(adv, dtype=torch.float32), torch.tensor(ret, dtype=torch.float32)
 
+
+def test_smdp_gae_is_per_step_gae_for_one_step_decisions_and_discounts_chunks():
     rng = np.random.default_rng(0)
     T, gamma, lam = 6, 0.9, 0.8
     rew, val = rng.normal(size=(T, 1)), rng.normal(size=(T, 1))
@@ -504,9 +525,7 @@ def test_rpd_student_surpasses_its_teacher_with_the_reward(tmp_path):
 def test_gae_over_chunk_decisions_is_the_semi_mdp_gae():
     """Decisions every few steps (a chunk cut short by an episode's end included): the advantage at
     each decision is the semi-MDP one, the steps between decisions get none (λ = 1 here, where the
-    trace's λ^k per decision and RPD's λ per decision agree)."""
-    from robopolicy.refine.rpd import _smdp_gae
-
+    trace's λ^k per decision and the reference's λ per decision agree)."""
     rng = np.random.default_rng(1)
     T, gamma, lam, last = 11, 0.9, 1.0, 0.7
     rew, val = rng.normal(size=T), rng.normal(size=T)

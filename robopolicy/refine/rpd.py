@@ -12,7 +12,8 @@ evaluation in ``best/``.
 A per-step student learns the teacher's closed-loop action (the teacher's chunk queues run in
 the same rollout). A chunk student (``student.chunk`` = k > 1) decides every k steps; PPO then
 treats each chunk as one transition (a semi-MDP: its discounted reward sum, γ^k to the next
-decision) and the BC target on every visited state is the first k actions of a fresh teacher
+decision; ``refine.common.gae`` over the decision mask, as for residual PPO's chunk decisions) and
+the BC target on every visited state is the first k actions of a fresh teacher
 chunk from that state. Either way the teacher needs the observations it was trained on (cameras
 for a vision teacher).
 """
@@ -30,7 +31,7 @@ import torch
 
 from robopolicy.envs import EnvConfig
 from robopolicy.eval.chunking import ChunkExecutor
-from robopolicy.refine.common import (Curve, RewardScaler, evaluate_success, make_vector_envs, ppo_loss,
+from robopolicy.refine.common import (Curve, RewardScaler, evaluate_success, gae, make_vector_envs, ppo_loss,
                                       single_spaces)
 from robopolicy.models.policy import PolicyError
 from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, load_any_policy
@@ -149,7 +150,6 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
     student.reset(), teacher_wrap.reset()
     queues: list[list[np.ndarray]] = [[] for _ in range(n)]  # the student's chunk being executed, per env
-    pending: list[dict | None] = [None] * n  # the decision that chunk came from
     env_steps, next_eval, bc = 0, cfg.eval_every, cfg.bc_weight
     ppo_on = False
     train_eps: list[bool] = []  # success of the training episodes since the last evaluation
@@ -158,10 +158,13 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
         while env_steps < cfg.total_env_steps:
-            done_recs: list[list[dict]] = [[] for _ in range(n)]
             bc_x, bc_y = [], []
+            # (T, n) rollout buffers; the student's sample, log-prob and value are kept where it decided
+            x_buf, r_buf = None, None
+            logp_buf, val_buf = torch.zeros(T, n), torch.zeros(T, n)
+            rew_buf, done_buf, dec_buf = torch.zeros(T, n), torch.zeros(T, n), torch.zeros(T, n)
             with torch.no_grad():
-                for _t in range(T):
+                for t in range(T):
                     x_raw = student.residual_input(obs)[0]
                     student.norm.update(x_raw)
                     x = student.norm(x_raw)
@@ -171,49 +174,39 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                     if need:
                         dist = student.dist(x[need])
                         r = dist.sample()
-                        logp, val = student.log_prob(dist, r, clipped=cfg.clipped_likelihood), student.value(x[need])
+                        if x_buf is None:
+                            x_buf, r_buf = torch.zeros(T, n, x.shape[1]), torch.zeros(T, n, r.shape[1])
+                        x_buf[t, need], r_buf[t, need], dec_buf[t, need] = x[need], r, 1.0
+                        logp_buf[t, need] = student.log_prob(dist, r, clipped=cfg.clipped_likelihood)
+                        val_buf[t, need] = student.value(x[need])
                         acts = student.env_action(torch.zeros(len(need), student.action_loc.shape[0]), r)
                         acts = acts.reshape(len(need), k, -1).numpy()
                         for j, i in enumerate(need):
-                            if pending[i] is not None:
-                                done_recs[i].append(pending[i])
-                            pending[i] = {"x": x[i], "r": r[j], "logp": logp[j], "v": val[j], "R": 0.0, "g": 1.0,
-                                          "done": False}
                             queues[i] = list(acts[j])
                     obs, reward, term, trunc, info = envs.step(np.stack([q.pop(0) for q in queues]))
                     done = np.logical_or(term, trunc)
+                    rew_buf[t] = torch.as_tensor(scaler(np.asarray(reward, np.float64), done), dtype=torch.float32)
+                    done_buf[t] = torch.as_tensor(done, dtype=torch.float32)
                     if done.any():  # the sampled (exploring) student's episodes, for the training success
                         won = np.asarray(info.get("final_info", {}).get("is_success", np.zeros(n)))
                         train_eps.extend(bool(won[i]) for i in np.flatnonzero(done))
-                    scaled = scaler(np.asarray(reward, np.float64), done)
-                    for i in range(n):
-                        rec = pending[i]
-                        rec["R"] += rec["g"] * float(scaled[i])
-                        rec["g"] *= cfg.gamma
-                        if done[i]:
-                            rec["done"] = True
-                            done_recs[i].append(rec)
-                            pending[i], queues[i] = None, []
-                    if done.any():
                         rows = [int(i) for i in np.flatnonzero(done)]
+                        for i in rows:
+                            queues[i] = []
                         teacher_wrap.base.reset(rows) if k > 1 else teacher_wrap.reset(rows)
                 env_steps += T * n
                 bar.update(T * n)
-                # bootstrap values: the next decision's value, or the state now for a chunk just finished
-                x_now = student.norm(student.residual_input(obs, peek=True)[0])
-                v_now = student.value(x_now)
-                tail = {}
-                for i in range(n):
-                    if pending[i] is not None and not queues[i]:
-                        done_recs[i].append(pending[i])
-                        pending[i] = None
-                    tail[i] = pending[i]["v"] if pending[i] is not None else v_now[i]
-                recs, adv, ret = _smdp_gae(done_recs, tail, cfg.gae_lambda)
-            if not recs:
+                # A chunk still running at the rollout's end is cut there and bootstrapped from the
+                # value of the state reached; semi-MDP GAE over the decisions (refine.common.gae).
+                last_value = student.value(student.norm(student.residual_input(obs, peek=True)[0]))
+                adv, ret = gae(rew_buf, val_buf, done_buf, last_value, cfg.gamma, cfg.gae_lambda, dec_buf)
+            keep = dec_buf.reshape(-1) > 0
+            if not keep.any():
                 continue
-            b_x = torch.stack([r["x"] for r in recs])
-            b_r = torch.stack([r["r"] for r in recs])
-            b_logp = torch.stack([r["logp"] for r in recs])
+            b_x = x_buf.reshape(T * n, -1)[keep]
+            b_r = r_buf.reshape(T * n, -1)[keep]
+            b_logp = logp_buf.reshape(-1)[keep]
+            adv, ret = adv.reshape(-1)[keep], ret.reshape(-1)[keep]
             b_adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(adv) > 1 else adv
             bc_x, bc_y = torch.cat(bc_x), torch.cat(bc_y)
             per_batch = len(bc_x)
@@ -222,7 +215,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                 buf_y = bc_y if buf_y is None else torch.cat([buf_y, bc_y])[-cfg.bc_buffer:]
                 bc_x, bc_y = buf_x, buf_y
             bc_x = student.norm(bc_x)  # raw inputs, standardized with the statistics of now
-            m = len(recs)
+            m = len(b_x)
             joined = env_steps > cfg.bc_warmup_steps  # PPO's term is on from here
             pg_w = cfg.pg_coef if joined else 0.0
             if joined and not ppo_on:
@@ -350,28 +343,6 @@ def _teacher_label(teacher: ResidualPolicy, obs, k: int, student: ResidualPolicy
 def _bc_loss(mean: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
     """Squared error summed over action dims, averaged over states and chunk steps."""
     return (mean - target).pow(2).reshape(mean.shape[0], k, -1).sum(-1).mean()
-
-
-def _smdp_gae(records: list[list[dict]], tail: dict, lam: float):
-    """GAE over each env's decisions in order. A decision's reward ``R`` is the discounted sum over
-    the steps its actions ran and ``g`` the discount to the next decision (γ^steps), so a chunk of
-    k steps is one transition (semi-MDP); ``tail[i]``: the value after env i's last decision."""
-    flat, adv, ret = [], [], []
-    for i, recs in enumerate(records):
-        a_next, v_next = 0.0, float(tail[i])
-        out = []
-        for rec in reversed(recs):
-            v = float(rec["v"])
-            live = 0.0 if rec["done"] else 1.0
-            delta = rec["R"] + live * rec["g"] * v_next - v
-            a_next = delta + live * rec["g"] * lam * a_next
-            out.append((rec, a_next, a_next + v))
-            v_next = v
-        for rec, a, r in reversed(out):
-            flat.append(rec)
-            adv.append(a)
-            ret.append(r)
-    return flat, torch.tensor(adv, dtype=torch.float32), torch.tensor(ret, dtype=torch.float32)
 
 
 def _latency_ms(policy: ResidualPolicy, cfg: RPDConfig, kw: dict, calls: int = 30) -> float:
