@@ -75,14 +75,19 @@ def _busy(iters: int) -> int:
     return x
 
 
+def _busy_iters(work_us: float) -> int:
+    """How many :func:`_busy` iterations take about ``work_us`` on this machine now."""
+    t = time.perf_counter()
+    _busy(100_000)
+    return max(1, int(100_000 * work_us * 1e-6 / (time.perf_counter() - t)))
+
+
 class Canary:
     """A fixed pure-Python computation after every tick (``--canary-us``), timed, with the tick's
     start. When it takes several times its median, the CPU itself ran slow during that tick."""
 
     def __init__(self, work_us: float, capacity: int):
-        t = time.perf_counter()
-        _busy(100_000)
-        self.iters = max(1, int(100_000 * work_us * 1e-6 / (time.perf_counter() - t)))
+        self.iters = _busy_iters(work_us)
         self.took, self.start, self.n = np.zeros(capacity), np.zeros(capacity), 0
 
     def __call__(self, tick_start: float) -> None:
@@ -147,9 +152,7 @@ def probe_main(out: str, duration: float, rate: float, spin: float, fifo: bool, 
     of about ``work_us`` (the node's usual tick work), timed; nothing else. A stall of the machine
     shows as lateness, a slowdown of the CPU (host contention) as work far above its median."""
     setup_realtime(fifo, 50, None)
-    t = time.perf_counter()
-    _busy(100_000)
-    iters = max(1, int(100_000 * work_us * 1e-6 / (time.perf_counter() - t)))
+    iters = _busy_iters(work_us)
     period, n = 1.0 / rate, int(duration * rate)
     start, late, work = np.zeros(n), np.zeros(n), np.zeros(n)
     deadline = time.monotonic()

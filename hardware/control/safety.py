@@ -60,16 +60,6 @@ class SafetyFilter:
         self._limits = tuple(np.broadcast_to(np.asarray(v, float), (n,)).tolist() for v in (self.low, self.high, step, acc))
         self._fast = True  # tests compare against the staged path alone
 
-    @property
-    def prev(self) -> np.ndarray | None:
-        """The last command that passed (None before the first)."""
-        return None if self._prev is None else np.array(self._prev)
-
-    @property
-    def prev_rate(self) -> np.ndarray:
-        """The last command's rate of change (per second)."""
-        return np.array(self._prev_delta) / self.dt
-
     def reset(self, current: np.ndarray) -> None:
         """Start from ``current`` (arm: measured position; base: measured twist), at rest."""
         self._prev = np.asarray(current, dtype=np.float64).reshape(self.spec.dim).tolist()
