@@ -560,3 +560,65 @@ def test_locate_head_learns_where_the_named_objects_are(one_thread):
         Policy(tiny_config(aux_heads=["locate"]), tiny_stats())  # no statistics for the label
     with pytest.raises(PolicyError, match="label.goal_pos"):
         pol.losses({k: v for k, v in batch.items() if k != "label.goal_pos"}, {"locate": 1.0})
+
+
+# ----------------------------------------------------------------------------- perceive, then act
+
+
+def test_mlp_locate_head_finds_the_named_square_and_feeds_a_modular_policy(one_thread, tmp_path):
+    """locate_head=mlp (over the raw keypoint coordinates, the instruction and the state) finds the
+    named square on unseen frames; a ModularPolicy hands that estimate to a state actor in place of
+    any scene state in the observation, and saves / loads as one checkpoint."""
+    from robopolicy.models.modular import ModularPolicy
+    from robopolicy.refine.residual import load_any_policy
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    stats = tiny_stats()
+    stats["label.goal_pos"] = {"mean": np.zeros(2, np.float32), "std": np.full(2, 0.5, np.float32)}
+    enc = EncoderConfig(name="test_resnet", frozen=False, image_size=32, stage=1, film=True, pool="keypoints",
+                        keypoints=8, keypoint_features=False)
+    locator = Policy(tiny_config(encoders=[enc], aux_heads=["locate"], locate_dim=2, locate_head="mlp",
+                                 context_strides=[0], language=LanguageConfig(enabled=True)), stats)
+    opt = torch.optim.Adam(locator.parameters(), lr=3e-3)
+    for _ in range(250):
+        imgs, tasks, named, _ = _two_squares(32, rng)
+        batch = {"observation.images.front": torch.from_numpy(imgs).permute(0, 3, 1, 2)[:, None],
+                 "observation.state": torch.zeros(len(tasks), 1, 3), "label.goal_pos": torch.from_numpy(named),
+                 "task": tasks}
+        loss = locator.losses(batch, {"locate": 1.0})["locate"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    imgs, tasks, named, other = _two_squares(64, np.random.default_rng(1))
+    obs = {"observation.images.front": imgs, "observation.state": np.zeros((64, 3), np.float32), "task": tasks}
+    pred = locator.locate(obs).numpy()
+    assert pred.shape == (64, 2)
+    to_named, to_other = np.linalg.norm(pred - named, axis=1), np.linalg.norm(pred - other, axis=1)
+    assert (to_named < to_other).mean() >= 0.9, ((to_named < to_other).mean(), to_named.mean(), to_other.mean())
+
+    actor_stats = dict(tiny_stats(), **{"observation.environment_state": tiny_stats(state_dim=2)["observation.state"]})
+    actor = Policy(tiny_config(cameras=[], context_strides=[0], env_state_dim=2), actor_stats)
+    policy = ModularPolicy(locator, actor)
+    policy.reset()  # a new batch size: a new episode for the locator's frame buffer
+    assert policy.config.cameras == ["front"] and policy.config.env_state_dim == 0 and policy.output == "chunk"
+    few = {k: v[:4] for k, v in obs.items()}
+    chunk = policy.predict(dict(few, **{"observation.environment_state": np.full((4, 2), 9.0, np.float32)}))
+    policy.reset()
+    expected = actor.predict({"observation.state": few["observation.state"],
+                              "observation.environment_state": locator.locate(few).numpy()})
+    assert chunk.shape == (4, 5, 2) and torch.allclose(chunk, expected)  # the estimate, not the given state
+    policy.save(tmp_path / "modular")
+    loaded = load_any_policy(tmp_path / "modular")
+    assert isinstance(loaded, ModularPolicy) and torch.allclose(loaded.predict(few), chunk, atol=1e-5)
+
+    with pytest.raises(PolicyError, match="estimates 2 values"):
+        ModularPolicy(locator, Policy(tiny_config(cameras=[], context_strides=[0], env_state_dim=3),
+                                      dict(tiny_stats(), **{"observation.environment_state": tiny_stats()["observation.state"]})))
+    with pytest.raises(PolicyError, match="no locate head"):
+        ModularPolicy(actor, actor)
+    import shutil
+
+    shutil.rmtree(tmp_path / "modular" / "actor")
+    with pytest.raises(PolicyError, match="actor is missing"):
+        load_any_policy(tmp_path / "modular")

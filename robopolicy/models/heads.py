@@ -185,6 +185,29 @@ class LocateHead(nn.Module):
         return F.smooth_l1_loss(self.standardized(memory, memory_pad), (target.float() - self.mean) / self.std)
 
 
+class LocateMLP(LocateHead):
+    """``locate`` as an MLP over the current frame's raw encoder tokens, flattened: ``(B, F)`` → ``(B, D)``.
+
+    ``F`` = cameras × tokens × channels of the encoder output, plus the instruction embedding and
+    the normalized joint state when the policy has them (the caller concatenates). It bypasses the
+    fusion transformer: with coordinate-only keypoint tokens (``keypoint_features: false``) the
+    position of each keypoint is the information, and a flat MLP reads it directly
+    (``bench/locate_probe.py``). Same label standardization and loss as :class:`LocateHead`.
+    """
+
+    def __init__(self, in_dim: int, dim: int, mean=None, std=None, hidden: int = 256):
+        nn.Module.__init__(self)
+        self.mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, dim))
+        self.register_buffer("mean", torch.zeros(dim) if mean is None else torch.as_tensor(mean, dtype=torch.float32).reshape(dim))
+        std = torch.ones(dim) if std is None else torch.as_tensor(std, dtype=torch.float32).reshape(dim)
+        self.register_buffer("std", torch.where(std < 1e-4, torch.ones_like(std), std))
+
+    def standardized(self, inputs, memory_pad=None) -> torch.Tensor:
+        """``inputs (B, F)`` → predicted labels ``(B, D)`` in standardized units."""
+        return self.mlp(inputs)
+
+
 class AlignHead(nn.Module):
     """Shared embedding space for region features ``(B, d)`` and instruction embeddings ``(B, d)``."""
 

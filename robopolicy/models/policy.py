@@ -45,7 +45,8 @@ from robopolicy.config import ConfigError, build, load_yaml, to_dict
 from robopolicy.data.features import ENV_STATE
 from robopolicy.models.backbone import FusionTransformer
 from robopolicy.models.encoders import EncoderConfig, EncoderError, FusedVisionEncoder
-from robopolicy.models.heads import AlignHead, ChunkL1Head, FlowChunkHead, GroundingHead, LocateHead, WaypointHead
+from robopolicy.models.heads import (AlignHead, ChunkL1Head, FlowChunkHead, GroundingHead, LocateHead, LocateMLP,
+                                     WaypointHead)
 from robopolicy.models.language import LanguageConfig, LanguageEncoder
 from robopolicy.models.temporal import ContextTokens, FeatureRingBuffer
 from robopolicy.utils.files import atomic_directory
@@ -79,6 +80,14 @@ class PolicyConfig:
     ``locate`` (regress the privileged ``label.goal_pos``: where the named objects are)."""
     locate_dim: int = 6
     """Size of the ``locate`` head's label (``label.goal_pos``: 6)."""
+    locate_label: str = LOCATE_LABEL
+    """The label the ``locate`` head regresses: ``label.goal_pos`` (world frame) or
+    ``label.goal_rel`` (from the tool-centre point, what a wrist camera sees)."""
+    locate_head: Literal["query", "mlp"] = "query"
+    """``query``: a learned query cross-attends to the fused memory (:class:`LocateHead`);
+    ``mlp``: an MLP over the current frame's raw encoder tokens of every camera, flattened, with
+    the instruction embedding and the joint state (:class:`LocateMLP`), bypassing the transformer.
+    The ``mlp`` head is the perception half of a :class:`~robopolicy.models.modular.ModularPolicy`."""
     cameras: list[str] = field(default_factory=list)
     """Camera roles (``observation.images.<role>``); empty: every camera of the training dataset."""
     use_state: bool = True
@@ -274,12 +283,18 @@ class Policy(nn.Module):
         if "ground" in cfg.aux_heads:
             self.aux["ground"] = GroundingHead(d, cfg.n_heads, cfg.dropout)
         if "locate" in cfg.aux_heads:
-            label_stats = (stats or {}).get(LOCATE_LABEL, {})  # none when loading: the buffers hold them
+            label_stats = (stats or {}).get(cfg.locate_label, {})  # none when loading: the buffers hold them
             if stats is not None and not label_stats:
-                raise PolicyError(f"aux head 'locate' needs statistics of {LOCATE_LABEL!r}: add it to "
+                raise PolicyError(f"aux head 'locate' needs statistics of {cfg.locate_label!r}: add it to "
                                   f"data.features.labels (arm datasets collected with it carry it)")
-            self.aux["locate"] = LocateHead(d, cfg.n_heads, cfg.locate_dim, label_stats.get("mean"),
-                                            label_stats.get("std"), cfg.dropout)
+            if cfg.locate_head == "mlp":
+                in_dim = (len(cfg.cameras) * self.vision.n_tokens * self.vision.out_dim
+                          + (self.language.dim if self.language is not None else 0)
+                          + (cfg.state_dim if cfg.use_state else 0))
+                self.aux["locate"] = LocateMLP(in_dim, cfg.locate_dim, label_stats.get("mean"), label_stats.get("std"))
+            else:
+                self.aux["locate"] = LocateHead(d, cfg.n_heads, cfg.locate_dim, label_stats.get("mean"),
+                                                label_stats.get("std"), cfg.dropout)
         self.normalizer = Normalizer(tuple(cfg.action_shape), cfg.state_dim if cfg.use_state else 0,
                                      cfg.normalization, stats, env_state_dim=cfg.env_state_dim)
         self._t0 = list(cfg.context_strides).index(0)
@@ -418,7 +433,8 @@ class Policy(nn.Module):
         env_state = env_state[:, self._t0] if env_state is not None and env_state.ndim == 3 else env_state
         out: dict[str, torch.Tensor] = {}
         w = {k: float(v) for k, v in weights.items() if float(v) != 0.0}
-        need_memory = any(k in w for k in ("action", "ground_box", "ground_visible", "locate"))
+        mlp_locate = self.config.locate_head == "mlp"
+        need_memory = any(k in w for k in ("action", "ground_box", "ground_visible")) or ("locate" in w and not mlp_locate)
         if need_memory:
             memory, pad, _ = self._memory(feats, ctx_pad, state, tasks, env_state=env_state)
         if "action" in w:
@@ -438,16 +454,34 @@ class Policy(nn.Module):
         if "locate" in w:
             if "locate" not in self.aux:
                 raise PolicyError("locate loss needs model.aux_heads to contain 'locate'")
-            if LOCATE_LABEL not in batch:
-                raise PolicyError(f"locate loss needs the label {LOCATE_LABEL!r} in the batch "
+            if self.config.locate_label not in batch:
+                raise PolicyError(f"locate loss needs the label {self.config.locate_label!r} in the batch "
                                   f"(add it to data.features.labels)")
-            out["locate"] = self.aux["locate"].loss(memory, pad, batch[LOCATE_LABEL].reshape(-1, self.config.locate_dim))
+            target = batch[self.config.locate_label].reshape(-1, self.config.locate_dim)
+            if mlp_locate:
+                out["locate"] = self.aux["locate"].loss(self._locate_inputs(feats[:, self._t0], state, tasks), None, target)
+            else:
+                out["locate"] = self.aux["locate"].loss(memory, pad, target)
         if "align" in w:
             if "align" not in self.aux:
                 raise PolicyError("alignment loss needs model.aux_heads to contain 'align'")
             out["align"] = self._align_loss(feats, ctx_pad, tasks, batch)
         out["total"] = sum(w[k] * out[k] for k in out)
         return out
+
+    def _locate_inputs(self, current: torch.Tensor, state: torch.Tensor | None, tasks: list[str] | None) -> torch.Tensor:
+        """The ``mlp`` locate head's input ``(B, F)``: the current frame's raw tokens of every camera
+        (``current (B, V, n, C)``), the instruction embedding and the normalized joint state."""
+        parts = [current.flatten(1).float()]
+        if self.language is not None:
+            if tasks is None:
+                raise PolicyError("the locate head reads the instruction: the batch needs 'task'")
+            parts.append(self.language.embed(tasks).to(parts[0].device, parts[0].dtype))
+        if self.config.use_state:
+            if state is None:
+                raise PolicyError(f"the locate head reads the joint state: the batch needs {STATE!r}")
+            parts.append(self.normalizer.normalize("state", state.float()))
+        return torch.cat(parts, dim=-1)
 
     def _box_labels(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         for key in ("label.target_box", "label.target_visible"):
@@ -534,41 +568,61 @@ class Policy(nn.Module):
         """Observation batch → ``(B, H, A)`` actions or ``(B, K, 3)`` waypoints in env units (CPU float32)."""
         self.eval()
         with torch.inference_mode():
-            ctx = ctx_pad = None
-            if self.vision is not None:
-                feats, b = self._obs_features(obs)
-                self._ring.push(feats)
-                ctx, pad = self._ring.context(self.config.context_strides)  # (B, T, V, n, C), (B, T)
-                ctx_pad = pad.to(self.device)
-            state = env_state = None
-            vectors = [(STATE, self.config.state_dim, self.state_proj is not None, "the policy uses proprio state"),
-                       (ENV_STATE, self.config.env_state_dim, self.env_state_proj is not None,
-                        "the policy reads the scene state: make the env with env_state=true")]
-            got = []
-            for key, dim, used, why in vectors:
-                if not used:
-                    got.append(None)
-                    continue
-                if key not in obs:
-                    raise PolicyError(f"observation lacks {key!r} ({why}; observation keys: {sorted(obs)})")
-                value = torch.as_tensor(np.asarray(obs[key], dtype=np.float32)).to(self.device)
-                value = value.reshape(-1, value.shape[-1]) if value.ndim else value.reshape(1, 1)
-                if value.shape[1] != dim:
-                    raise PolicyError(f"{key}: expected {dim} values, got {value.shape[1]}")
-                got.append(value)
-            state, env_state = got
-            if self.vision is None:
-                b = next(v for v in got if v is not None).shape[0]
-            for v, key in ((state, STATE), (env_state, ENV_STATE)):
-                if v is not None and v.shape[0] != b:
-                    raise PolicyError(f"{key}: batch of {v.shape[0]}, the rest of the observation has {b}")
-            tasks = self._obs_tasks(obs, b)
+            ctx, ctx_pad, state, env_state, tasks = self._inputs(obs)
             memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks, env_state=env_state)
             if isinstance(self.head, FlowChunkHead):
                 out = self.head(memory, mpad, steps=flow_steps)
             else:
                 out = self.head(memory, mpad)
             return self.from_relative(self.normalizer.unnormalize("action", out).float(), state).cpu()
+
+    def locate(self, obs: Mapping[str, Any]) -> torch.Tensor:
+        """Observation batch → the ``locate`` head's estimate ``(B, locate_dim)`` in label units
+        (``label.goal_pos``: the named cube's and bowl's xyz, metres), CPU float32. Like
+        :meth:`predict`, it pushes the frame into the temporal context."""
+        if "locate" not in self.aux:
+            raise PolicyError("this policy has no locate head (model.aux_heads: [locate])")
+        self.eval()
+        with torch.inference_mode():
+            ctx, ctx_pad, state, env_state, tasks = self._inputs(obs)
+            if self.config.locate_head == "mlp":
+                inputs = self._locate_inputs(ctx[:, self._t0], state, tasks)
+                return self.aux["locate"](inputs).float().cpu()
+            memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks, env_state=env_state)
+            return self.aux["locate"](memory, mpad).float().cpu()
+
+    def _inputs(self, obs: Mapping[str, Any]):
+        """One observation batch → ``(context features (B, T, V, n, C) or None, context padding,
+        state (B, D) or None, scene state (B, E) or None, instructions or None)``; the frame is
+        encoded once and pushed into the ring buffer."""
+        ctx = ctx_pad = None
+        if self.vision is not None:
+            feats, b = self._obs_features(obs)
+            self._ring.push(feats)
+            ctx, pad = self._ring.context(self.config.context_strides)  # (B, T, V, n, C), (B, T)
+            ctx_pad = pad.to(self.device)
+        vectors = [(STATE, self.config.state_dim, self.state_proj is not None, "the policy uses proprio state"),
+                   (ENV_STATE, self.config.env_state_dim, self.env_state_proj is not None,
+                    "the policy reads the scene state: make the env with env_state=true")]
+        got = []
+        for key, dim, used, why in vectors:
+            if not used:
+                got.append(None)
+                continue
+            if key not in obs:
+                raise PolicyError(f"observation lacks {key!r} ({why}; observation keys: {sorted(obs)})")
+            value = torch.as_tensor(np.asarray(obs[key], dtype=np.float32)).to(self.device)
+            value = value.reshape(-1, value.shape[-1]) if value.ndim else value.reshape(1, 1)
+            if value.shape[1] != dim:
+                raise PolicyError(f"{key}: expected {dim} values, got {value.shape[1]}")
+            got.append(value)
+        state, env_state = got
+        if self.vision is None:
+            b = next(v for v in got if v is not None).shape[0]
+        for v, key in ((state, STATE), (env_state, ENV_STATE)):
+            if v is not None and v.shape[0] != b:
+                raise PolicyError(f"{key}: batch of {v.shape[0]}, the rest of the observation has {b}")
+        return ctx, ctx_pad, state, env_state, self._obs_tasks(obs, b)
 
     def to_relative(self, chunk: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
         """Env-unit chunk ``(B, H, A)`` → the head's targets: ``relative_action`` dims minus the state now."""

@@ -434,8 +434,13 @@ class ResidualPolicy(nn.Module):
 
 def load_any_policy(directory: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     """Load a checkpoint directory of any kind: a residual / actor-critic checkpoint
-    (``residual.yaml``) or a plain :class:`Policy` checkpoint (``config.yaml``)."""
+    (``residual.yaml``), a perceive-then-act :class:`~robopolicy.models.modular.ModularPolicy`
+    (``modular.yaml``) or a plain :class:`Policy` checkpoint (``config.yaml``)."""
+    from robopolicy.models.modular import MODULAR_CONFIG, ModularPolicy
+
     directory = Path(directory)
+    if (directory / MODULAR_CONFIG).is_file():
+        return ModularPolicy.load(directory, device)
     if (directory / RESIDUAL_CONFIG).is_file():
         return ResidualPolicy.load(directory, device)
     if (directory / "residual.safetensors").is_file():

@@ -49,7 +49,7 @@ import torch
 from robopolicy.config import ConfigError, to_dict
 from robopolicy.data.loader import FeatureMap, TrainingDataset
 from robopolicy.models.feature_cache import ensure_features
-from robopolicy.models.policy import ENV_STATE, LOCATE_LABEL, Policy, PolicyConfig, PolicyError
+from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError
 
 BOX_LABEL, VISIBLE_LABEL = "label.target_box", "label.target_visible"
 STATE_FILE = "trainer_state.pt"
@@ -101,6 +101,10 @@ class AugmentConfig:
 
     shift: int = 0
     """Random shift of up to this many pixels per sample (pad by replication, crop back); 0: off."""
+    env_state_noise: float = 0.0
+    """Gaussian noise (std, in the scene state's own units, e.g. metres) added to
+    ``observation.environment_state`` in training: an actor that will read a locator's estimate
+    (``locator``) learns to tolerate its error. 0: off."""
 
 
 @dataclass
@@ -128,6 +132,11 @@ class TrainConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     init_from: str | None = None
     """A checkpoint (e.g. the previous stage's ``final``) to start from; matching tensors load."""
+    locator: str | None = None
+    """A checkpoint with a ``locate`` head that estimates this run's scene state
+    (``data.features.env_state``) from camera frames. The final checkpoint is then a
+    :class:`~robopolicy.models.modular.ModularPolicy`: the locator feeds the trained actor, so
+    it runs from cameras alone (intermediate checkpoints stay the actor alone)."""
     steps: int = 1000
     batch_size: int = 64
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -182,6 +191,15 @@ def shifted(batches, pad: int, seed: int):
         yield random_shift(batch, pad, g)
 
 
+def with_noise(batches, key: str, std: float, seed: int):
+    """``batches`` with Gaussian noise of ``std`` added to the entry ``key``."""
+    g = torch.Generator().manual_seed(seed + 2)
+    for batch in batches:
+        value = batch[key].float()
+        batch[key] = value + std * torch.randn(value.shape, generator=g)
+        yield batch
+
+
 def _renamed(batches, old: str, new: str):
     """``batches`` with the entry ``old`` under the key ``new``."""
     for batch in batches:
@@ -206,8 +224,8 @@ def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
     labels = list(f.labels)
     if cfg.loss.align or cfg.loss.ground_box or cfg.loss.ground_visible:
         labels += [k for k in (BOX_LABEL, VISIBLE_LABEL) if k not in labels]
-    if cfg.loss.locate and LOCATE_LABEL not in labels:
-        labels.append(LOCATE_LABEL)
+    if cfg.loss.locate and cfg.model.locate_label not in labels:
+        labels.append(cfg.model.locate_label)
     if f.env_state and f.env_state not in labels:
         labels.append(f.env_state)
     cameras = f.cameras if f.cameras is not None else (list(cfg.model.cameras) or None)
@@ -377,6 +395,22 @@ def _latest_checkpoint(out: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+def _load_locator(path: str, actor: Policy, env_key: str | None) -> Policy:
+    """The ``locator`` checkpoint, checked against the actor before any training: it must
+    estimate the label this run reads as its scene state."""
+    from robopolicy.models.modular import ModularPolicy
+
+    try:
+        locator = Policy.load(path)
+        ModularPolicy(locator, actor)
+    except PolicyError as exc:
+        raise TrainError(f"locator={path}: {exc}") from None
+    if env_key != locator.config.locate_label:
+        raise TrainError(f"locator={path} estimates {locator.config.locate_label!r}, but this run's scene "
+                         f"state is {env_key!r} (set data.features.env_state: {locator.config.locate_label})")
+    return locator
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -413,6 +447,7 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
     env_key = cfg.data.features.env_state
     model_cfg = model_config_for(cfg.model, ds, env_key)
     policy = Policy(model_cfg, policy_stats(model_cfg, ds, env_key)).to(device)
+    locator = _load_locator(cfg.locator, policy, env_key) if cfg.locator else None
     if cfg.init_from and latest is None:
         info = policy.load_pretrained(cfg.init_from)
         fresh = sorted({".".join(k.split(".")[:2]) for k in info["new"]})
@@ -483,6 +518,10 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
 
     if env_key and env_key != ENV_STATE:
         batches = _renamed(batches, env_key, ENV_STATE)
+    if cfg.augment.env_state_noise > 0:
+        if not env_key:
+            raise ConfigError("augment.env_state_noise needs a scene state (data.features.env_state)")
+        batches = with_noise(batches, ENV_STATE, cfg.augment.env_state_noise, seed)
     metrics = MetricsLog(out, resume=latest is not None, log=log)
 
     def save_checkpoint(step: int, directory: Path, trainer_state: bool) -> None:
@@ -557,6 +596,11 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
     final_step = cfg.steps
     save_checkpoint(final_step, out / "checkpoints" / f"step_{final_step:06d}", trainer_state=True)
     save_checkpoint(final_step, out / "final", trainer_state=False)
+    if locator is not None:
+        from robopolicy.models.modular import ModularPolicy
+
+        ModularPolicy(locator, Policy.load(out / "final")).save(out / "final")
+        log(f"[train] {out / 'final'}: a modular policy (locator {cfg.locator} + this actor)")
     plot = metrics.plot(out / "losses.png", f"{cfg.name} ({model_cfg.head})")
     metrics.close()
     last = {k.removeprefix("loss/"): v for k, v in metrics.rows[-1].items() if k.startswith("loss/")} if metrics.rows else {}
