@@ -3,7 +3,9 @@
     .venv/bin/python bench/locate_error.py ckpt=outputs/train/arm_stage1/final \\
         dataset=outputs/datasets/arm_pick_place_val seed=100000
 
-For a checkpoint with the ``locate`` aux head (``configs/train/arm_stage1_locate.yaml``) and an
+For a checkpoint with the ``locate`` aux head (``configs/train/arm_stage1_locate.yaml``, or the
+locator of ``configs/train/arm_locator.yaml``, whose ``label.goal_rel`` estimates are put back
+in the world frame and also scored on the frames with the gripper near the cube) and an
 ArmPickPlace dataset collected with ``--seed SEED`` (episode i: seed + i), over ``frames``
 frames drawn at random it prints the mean / median xy error of the named cube and bowl, the same
 over the first 15 frames of each episode (the arm still away, nothing hidden) and later ones,
@@ -23,6 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+NEAR = 0.05  # m: "near" frames, the gripper this close to the named cube (relative labels only)
+
 
 def main(argv: list[str]) -> None:
     import gymnasium as gym
@@ -36,13 +40,16 @@ def main(argv: list[str]) -> None:
     ckpt, data, seed = args["ckpt"], args["dataset"], int(args.get("seed", 100000))
     n_frames = int(args.get("frames", 400))
     torch.set_num_threads(int(args.get("threads", 2)))
-    cfg = load_config(TrainConfig, args.get("config", "configs/train/arm_stage1_locate.yaml"),
-                      [f"data.dataset={data}", "progress=false"])
-    ds = build_dataset(cfg, progress=False)
     pol = Policy.load(ckpt)
     pol.eval()
     if "locate" not in pol.aux:
         raise SystemExit(f"{ckpt} has no locate head (model.aux_heads: [locate])")
+    relative = pol.config.locate_label == "label.goal_rel"
+    cfg = load_config(TrainConfig, args.get("config", "configs/train/arm_stage1_locate.yaml"),
+                      [f"data.dataset={data}", "progress=false", f"model.locate_label={pol.config.locate_label}",
+                       f"data.features.cameras=[{','.join(pol.cameras)}]",
+                       "data.features.labels=[label.goal_pos,label.goal_rel]" if relative else "data.features.labels=[label.goal_pos]"])
+    ds = build_dataset(cfg, progress=False)
     env = gym.make("robopolicy/ArmPickPlace-v0", use_cameras=False)
     episodes = sorted({int(e["episode_index"]) for e in ds.cache.episodes})
     ambiguous = {}
@@ -64,21 +71,30 @@ def main(argv: list[str]) -> None:
                     b["observation.state"] = torch.zeros_like(b["observation.state"])
                 if variant == "wrist camera blank" and "observation.images.wrist" in b:
                     b["observation.images.wrist"] = torch.zeros_like(b["observation.images.wrist"])
-                mem, pad, _ = pol._memory(pol._context_features(b), b.get("observation_is_pad"),
-                                          b["observation.state"][:, 0], b["task"])
-                pred = pol.aux["locate"](mem, pad)
+                feats, state = pol._context_features(b), b["observation.state"][:, 0]
+                if pol.config.locate_head == "mlp":
+                    pred = pol.aux["locate"](pol._locate_inputs(feats[:, pol._t0], state, b["task"]))
+                else:
+                    mem, pad, _ = pol._memory(feats, b.get("observation_is_pad"), state, b["task"])
+                    pred = pol.aux["locate"](mem, pad)
+                if relative:  # back to the world frame: the label is goal minus the tool-centre point
+                    pred = pred + (batch["label.goal_pos"].reshape(-1, 6) - batch["label.goal_rel"].reshape(-1, 6))
                 cube = (pred[:, :2] - goal[:, :2]).norm(dim=-1) * 100
                 bowl = (pred[:, 3:5] - goal[:, 3:5]).norm(dim=-1) * 100
+                near = batch["label.goal_rel"].reshape(-1, 6)[:, :3].norm(dim=-1) < NEAR if relative else None
                 for k, it in enumerate(items):
                     ep = int(it["episode_index"])
-                    rows[variant].append((int(it["frame_index"]) < 15, ambiguous[ep], float(cube[k]), float(bowl[k])))
+                    rows[variant].append((int(it["frame_index"]) < 15, ambiguous[ep], float(cube[k]), float(bowl[k]),
+                                          bool(near[k]) if near is not None else False))
     print(f"\n{ckpt} on {data} ({len(idx)} frames of {len(episodes)} episodes): xy error in cm, mean (median)\n")
     print("| input | frames | named cube | named bowl |\n|---|---|---|---|")
     for variant, r in rows.items():
         r = np.asarray(r, dtype=float)
         for name, mask in (("all", np.ones(len(r), bool)), ("first 15 of each episode", r[:, 0] > 0),
-                           ("later", r[:, 0] == 0), ("cube colour also a bowl's", r[:, 1] > 0),
-                           ("cube colour not a bowl's", r[:, 1] == 0)):
+                           ("later", r[:, 0] == 0), (f"gripper within {NEAR * 100:.0f} cm of the cube", r[:, 4] > 0),
+                           ("cube colour also a bowl's", r[:, 1] > 0), ("cube colour not a bowl's", r[:, 1] == 0)):
+            if not mask.any():
+                continue
             if variant != "as recorded" and name not in ("all", "first 15 of each episode"):
                 continue
             c, b = r[mask, 2], r[mask, 3]

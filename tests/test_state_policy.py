@@ -122,3 +122,65 @@ def test_dagger_relabels_a_state_policy_with_its_scene_state(trained, state_data
     mixed = dagger._mix(batch, original, 2, random.Random(0))
     assert mixed[ENV_STATE].shape == (5, 33)
     assert torch.isfinite(policy.losses(mixed, {"action": 1.0})["total"])
+
+
+def test_goal_rel_is_the_goal_from_the_tool_centre_point():
+    env = gymnasium.make(PP, use_cameras=False)
+    _, info = env.reset(seed=5)
+    for _ in range(4):
+        _, _, _, _, info = env.step(env.action_space.sample())
+    np.testing.assert_allclose(info["goal_rel"], info["goal_pos"] - np.tile(info["ee_pos"], 2), atol=1e-6)
+
+
+def _tiny_locator(path: Path, label: str) -> Path:
+    """An untrained camera locator checkpoint (front + wrist, MLP locate head) estimating ``label``."""
+    from robopolicy.models.encoders import EncoderConfig
+    from robopolicy.models.language import LanguageConfig
+    from robopolicy.models.policy import PolicyConfig
+
+    def entry(n):
+        z, o = np.zeros(n, np.float32), np.ones(n, np.float32)
+        return {"mean": z, "std": o, "min": -o, "max": o, "q01": -o, "q99": o}
+
+    cfg = PolicyConfig(head="chunk_l1", cameras=["front", "wrist"], context_strides=[0], horizon=4,
+                       encoders=[EncoderConfig(name="test_resnet", frozen=True, image_size=64, pool="keypoints",
+                                               keypoints=4, keypoint_features=False)],
+                       aux_heads=["locate"], locate_head="mlp", locate_label=label, language=LanguageConfig(enabled=False),
+                       d_model=16, n_heads=2, n_layers=1, head_layers=1, action_shape=[6], state_dim=6, frame_size=[96, 96])
+    return Policy(cfg, {"action": entry(6), "observation.state": entry(6), label: entry(6)}).save(path)
+
+
+def test_a_locator_turns_the_trained_actor_into_a_policy_that_runs_from_cameras(state_dataset, tmp_path):
+    """train with `locator`: the final checkpoint is a ModularPolicy that evaluation runs on an env
+    with cameras and without the privileged scene state; a locator of another label is refused."""
+    from robopolicy.config import ConfigError
+    from robopolicy.models.modular import ModularPolicy
+    from robopolicy.refine.residual import load_any_policy
+    from robopolicy.train.trainer import TrainError
+
+    locator = _tiny_locator(tmp_path / "locator", "label.goal_rel")
+    cfg = state_cfg(state_dataset, tmp_path / "actor")
+    cfg.data.features.env_state = "label.goal_rel"
+    cfg.locator = str(locator)
+    cfg.augment.env_state_noise = 0.005
+    result = train(cfg, log=lambda m: None)
+    policy = load_any_policy(result.final)
+    assert isinstance(policy, ModularPolicy) and policy.actor.config.env_state_dim == 6
+    assert observation_needs(policy) == (True, False)
+    ecfg = EvalConfig(env=EnvConfig(PP, {"max_steps": 6}), episodes=1, workers=1, videos=0,
+                      out_dir=str(tmp_path / "eval"), progress=False)
+    kwargs = split_env_config(ecfg, None, policy).kwargs
+    assert "use_cameras" not in kwargs and "env_state" not in kwargs and kwargs["image_size"] == 96
+    report = evaluate(policy, ecfg, log=lambda m: None, save=False)
+    assert report.splits[0].env_steps > 0
+
+    cfg = state_cfg(state_dataset, tmp_path / "other")
+    cfg.data.features.env_state = "label.goal_rel"
+    cfg.locator = str(_tiny_locator(tmp_path / "locator_pos", "label.goal_pos"))
+    with pytest.raises(TrainError, match="estimates 'label.goal_pos'"):
+        train(cfg, log=lambda m: None)
+    cfg = state_cfg(state_dataset, tmp_path / "noise")
+    cfg.data.features.env_state = None
+    cfg.augment.env_state_noise = 0.01
+    with pytest.raises(ConfigError, match="env_state_noise"):
+        train(cfg, log=lambda m: None)
