@@ -4,8 +4,9 @@
         dataset=outputs/datasets/arm_pick_place_val seed=100000
 
 For a checkpoint with the ``locate`` aux head (``configs/train/arm_stage1_locate.yaml``, or the
-locator of ``configs/train/arm_locator.yaml``, whose ``label.goal_rel`` estimates are put back
-in the world frame and also scored on the frames with the gripper near the cube) and an
+locator of ``configs/train/arm_locator.yaml``, whose ``label.goal_grip`` / ``label.goal_rel``
+estimates are put back in the world frame and also scored on the frames with the gripper near
+the cube) and an
 ArmPickPlace dataset collected with ``--seed SEED`` (episode i: seed + i), over ``frames``
 frames drawn at random it prints the mean / median xy error of the named cube and bowl, the same
 over the first 15 frames of each episode (the arm still away, nothing hidden) and later ones,
@@ -44,11 +45,12 @@ def main(argv: list[str]) -> None:
     pol.eval()
     if "locate" not in pol.aux:
         raise SystemExit(f"{ckpt} has no locate head (model.aux_heads: [locate])")
-    relative = pol.config.locate_label == "label.goal_rel"
+    label = pol.config.locate_label
+    relative = label != "label.goal_pos"  # goal_rel / goal_grip: the cube (and bowl) from the gripper
     cfg = load_config(TrainConfig, args.get("config", "configs/train/arm_stage1_locate.yaml"),
-                      [f"data.dataset={data}", "progress=false", f"model.locate_label={pol.config.locate_label}",
+                      [f"data.dataset={data}", "progress=false", f"model.locate_label={label}",
                        f"data.features.cameras=[{','.join(pol.cameras)}]",
-                       "data.features.labels=[label.goal_pos,label.goal_rel]" if relative else "data.features.labels=[label.goal_pos]"])
+                       f"data.features.labels=[label.goal_pos,{label}]" if relative else "data.features.labels=[label.goal_pos]"])
     ds = build_dataset(cfg, progress=False)
     env = gym.make("robopolicy/ArmPickPlace-v0", use_cameras=False)
     episodes = sorted({int(e["episode_index"]) for e in ds.cache.episodes})
@@ -77,11 +79,11 @@ def main(argv: list[str]) -> None:
                 else:
                     mem, pad, _ = pol._memory(feats, b.get("observation_is_pad"), state, b["task"])
                     pred = pol.aux["locate"](mem, pad)
-                if relative:  # back to the world frame: the label is goal minus the tool-centre point
-                    pred = pred + (batch["label.goal_pos"].reshape(-1, 6) - batch["label.goal_rel"].reshape(-1, 6))
+                if relative:  # back to the world frame: the label is the goal minus the tool-centre point
+                    pred = pred + (goal - batch[label].reshape(-1, 6))
                 cube = (pred[:, :2] - goal[:, :2]).norm(dim=-1) * 100
                 bowl = (pred[:, 3:5] - goal[:, 3:5]).norm(dim=-1) * 100
-                near = batch["label.goal_rel"].reshape(-1, 6)[:, :3].norm(dim=-1) < NEAR if relative else None
+                near = batch[label].reshape(-1, 6)[:, :3].norm(dim=-1) < NEAR if relative else None
                 for k, it in enumerate(items):
                     ep = int(it["episode_index"])
                     rows[variant].append((int(it["frame_index"]) < 15, ambiguous[ep], float(cube[k]), float(bowl[k]),

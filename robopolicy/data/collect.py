@@ -106,8 +106,9 @@ def oracle_frame(features: dict, obs: dict, info: dict, decision: Any, reward: f
         frame[F.TARGET_VISIBLE] = bool(info["target_visible"])
     if F.GOAL_POS in features:
         frame[F.GOAL_POS] = info["goal_pos"]
-    if F.GOAL_REL in features:
-        frame[F.GOAL_REL] = info["goal_rel"]
+    for key in (F.GOAL_REL, F.GOAL_GRIP):
+        if key in features:
+            frame[key] = info[key.removeprefix("label.")]
     frame[F.INTERVENTION] = False
     frame[F.REWARD] = float(reward)
     frame[F.DONE] = bool(done)

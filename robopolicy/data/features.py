@@ -40,6 +40,7 @@ TARGET_BOX = "label.target_box"  # (4,) float32 box of the target person in the 
 TARGET_VISIBLE = "label.target_visible"  # bool (1,)
 GOAL_POS = "label.goal_pos"  # (6,) float32 arm tasks: the named object's and target's xyz (world, m)
 GOAL_REL = "label.goal_rel"  # (6,) float32 arm tasks: the same two points minus the tool-centre point (m)
+GOAL_GRIP = "label.goal_grip"  # (6,) float32 arm tasks: the object minus the tool-centre point, the target's xyz
 REWARD = "next.reward"  # float32 (1,): reward received after executing ``action``
 DONE = "next.done"  # bool (1,): the episode ended after this step
 SUCCESS = "next.success"  # bool (1,): task judged successful after this step
@@ -47,7 +48,7 @@ WALL_TIME = "timing.wall_time"  # float64 (1,): seconds since episode start, rea
 LATENESS = "timing.lateness"  # float32 (1,): wall_time - frame_index / fps (>0: behind)
 LATE = "timing.late"  # bool (1,): lateness above the recorder's tolerance
 
-LABEL_KEYS = (ORACLE_ACTION, ORACLE_WAYPOINTS, TARGET_BOX, TARGET_VISIBLE, GOAL_POS, GOAL_REL)
+LABEL_KEYS = (ORACLE_ACTION, ORACLE_WAYPOINTS, TARGET_BOX, TARGET_VISIBLE, GOAL_POS, GOAL_REL, GOAL_GRIP)
 TIMING_KEYS = (WALL_TIME, LATENESS, LATE)
 # Written by the recorder on every frame, whatever the env.
 ALWAYS_KEYS = (INTERVENTION, REWARD, DONE, SUCCESS) + TIMING_KEYS

@@ -733,8 +733,11 @@ class Policy(nn.Module):
         if diff:
             raise PolicyError(f"cannot start from {directory}: its model differs: " + "; ".join(diff))
         own = self.state_dict()
+        # the locate head's label statistics, like the normalizer's, are this dataset's (and this
+        # run's label may be another one of the same size)
+        own_stats = ("normalizer.", "aux.locate.mean", "aux.locate.std")
         loaded = {k: v for k, v in state.items()
-                  if k in own and v.shape == own[k].shape and not k.startswith("normalizer.")}
+                  if k in own and v.shape == own[k].shape and not k.startswith(own_stats)}
         # A stage may change the head (waypoints → chunk, another horizon), the proprio size or
         # the number of context frames: those tensors start fresh. Anything else of another
         # shape is a different model.
@@ -745,7 +748,7 @@ class Policy(nn.Module):
                               f"there, {tuple(own[bad[0]].shape)} here")
         self.load_state_dict(loaded, strict=False)
         return {"loaded": sorted(loaded),
-                "new": sorted(k for k in own if k not in loaded and not k.startswith("normalizer."))}
+                "new": sorted(k for k in own if k not in loaded and not k.startswith(own_stats))}
 
 
 def _architecture(cfg: dict) -> dict:

@@ -19,7 +19,8 @@ Privileged state (for oracles, metrics, relabelling) is in ``info``: ``ee_pos``,
 ``target_pos``, ``goal_target``, ``target_colors`` and, with cubes, ``cube_pos``,
 ``cube_quat``, ``goal_cube``, ``cube_colors``; ``goal_pos`` (6,): the named cube's xyz (the
 tool-centre point without cubes) and the named target's; ``goal_rel`` (6,): those two minus
-the tool-centre point; also ``task`` and ``is_success``, and
+the tool-centre point; ``goal_grip`` (6,): the first minus the tool-centre point, the second as
+it is; also ``task`` and ``is_success``, and
 ``episode_metrics`` (success, steps, return, steps_to_success, final_distance) on the last step.
 Episodes terminate after the success condition held for ``SUCCESS_HOLD`` consecutive steps and
 are truncated at ``max_steps`` (the env's own limit; 100 / 150 / 200 by default).
@@ -69,8 +70,10 @@ class ArmEnv(gymnasium.Env):
     # ``info["goal_pos"]``: the named object's xyz (the tool-centre point when the task has no
     # cube) and the named target's xyz, metres in the world frame; for auxiliary losses.
     # ``info["goal_rel"]``: the same two points minus the tool-centre point (where they are from
-    # the gripper, which a wrist camera sees directly).
-    label_shapes = {"label.goal_pos": (6,), "label.goal_rel": (6,)}
+    # the gripper, which a wrist camera sees directly). ``info["goal_grip"]``: the named object
+    # from the tool-centre point and the named target in the world frame (what moves with the
+    # gripper relative to it, what stays put absolute).
+    label_shapes = {"label.goal_pos": (6,), "label.goal_rel": (6,), "label.goal_grip": (6,)}
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1.0 / so101.CONTROL_DT))}
     TASK = "arm"
@@ -291,6 +294,7 @@ class ArmEnv(gymnasium.Env):
         obj = info["cube_pos"][self.goal_cube] if self.num_cubes else info["ee_pos"]
         info["goal_pos"] = np.concatenate([obj, target]).astype(np.float32)
         info["goal_rel"] = np.concatenate([obj - info["ee_pos"], target - info["ee_pos"]]).astype(np.float32)
+        info["goal_grip"] = np.concatenate([obj - info["ee_pos"], target]).astype(np.float32)
         return info
 
     # -- gymnasium API ------------------------------------------------------------------------
