@@ -169,6 +169,10 @@ class LocateHead(nn.Module):
         super().__init__()
         self.decoder = QueryDecoder(1, d_model, n_heads, 1, dropout)
         self.out = nn.Linear(d_model, dim)
+        self._label_stats(dim, mean, std)
+
+    def _label_stats(self, dim: int, mean, std) -> None:
+        """Keep the label's statistics as buffers (they travel in the checkpoint)."""
         self.register_buffer("mean", torch.zeros(dim) if mean is None else torch.as_tensor(mean, dtype=torch.float32).reshape(dim))
         std = torch.ones(dim) if std is None else torch.as_tensor(std, dtype=torch.float32).reshape(dim)
         self.register_buffer("std", torch.where(std < 1e-4, torch.ones_like(std), std))
@@ -196,12 +200,10 @@ class LocateMLP(LocateHead):
     """
 
     def __init__(self, in_dim: int, dim: int, mean=None, std=None, hidden: int = 256):
-        nn.Module.__init__(self)
+        nn.Module.__init__(self)  # no query decoder: only the statistics are shared with LocateHead
         self.mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                                  nn.Linear(hidden, dim))
-        self.register_buffer("mean", torch.zeros(dim) if mean is None else torch.as_tensor(mean, dtype=torch.float32).reshape(dim))
-        std = torch.ones(dim) if std is None else torch.as_tensor(std, dtype=torch.float32).reshape(dim)
-        self.register_buffer("std", torch.where(std < 1e-4, torch.ones_like(std), std))
+        self._label_stats(dim, mean, std)
 
     def standardized(self, inputs, memory_pad=None) -> torch.Tensor:
         """``inputs (B, F)`` → predicted labels ``(B, D)`` in standardized units."""

@@ -16,7 +16,7 @@ At inference the estimate takes the place of ``observation.environment_state``; 
 in the observation is ignored, so the policy needs only what a robot has (cameras, joints and
 the instruction). Each half trains on its own data: the actor on demonstrations, the locator
 on any labelled frames (oracle episodes, rendered layouts), and the estimate's error is what
-the actor must tolerate (``augment.env_state_noise`` trains it to). The checkpoint is one
+the actor must tolerate. The checkpoint is one
 directory: ``modular.yaml`` plus ``locator/`` and ``actor/``, each a plain policy checkpoint.
 """
 

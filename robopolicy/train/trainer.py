@@ -101,10 +101,6 @@ class AugmentConfig:
 
     shift: int = 0
     """Random shift of up to this many pixels per sample (pad by replication, crop back); 0: off."""
-    env_state_noise: float = 0.0
-    """Gaussian noise (std, in the scene state's own units, e.g. metres) added to
-    ``observation.environment_state`` in training: an actor that will read a locator's estimate
-    (``locator``) learns to tolerate its error. 0: off."""
 
 
 @dataclass
@@ -189,15 +185,6 @@ def shifted(batches, pad: int, seed: int):
     g = torch.Generator().manual_seed(seed + 1)
     for batch in batches:
         yield random_shift(batch, pad, g)
-
-
-def with_noise(batches, key: str, std: float, seed: int):
-    """``batches`` with Gaussian noise of ``std`` added to the entry ``key``."""
-    g = torch.Generator().manual_seed(seed + 2)
-    for batch in batches:
-        value = batch[key].float()
-        batch[key] = value + std * torch.randn(value.shape, generator=g)
-        yield batch
 
 
 def _renamed(batches, old: str, new: str):
@@ -518,10 +505,6 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
 
     if env_key and env_key != ENV_STATE:
         batches = _renamed(batches, env_key, ENV_STATE)
-    if cfg.augment.env_state_noise > 0:
-        if not env_key:
-            raise ConfigError("augment.env_state_noise needs a scene state (data.features.env_state)")
-        batches = with_noise(batches, ENV_STATE, cfg.augment.env_state_noise, seed)
     metrics = MetricsLog(out, resume=latest is not None, log=log)
 
     def save_checkpoint(step: int, directory: Path, trainer_state: bool) -> None:
