@@ -171,6 +171,12 @@ def test_a_locator_turns_the_trained_actor_into_a_policy_that_runs_from_cameras(
     assert "use_cameras" not in kwargs and "env_state" not in kwargs and kwargs["image_size"] == 96
     report = evaluate(policy, ecfg, log=lambda m: None, save=False)
     assert report.splits[0].env_steps > 0
+    from robopolicy.deploy.worker import load_checkpoint  # the deployment worker takes it too
+
+    worker = load_checkpoint(result.final)  # its control rate from the run's dataset
+    obs, _ = gymnasium.make(PP, image_size=96).reset(seed=1)
+    assert worker.kind == "action" and worker.dt == pytest.approx(0.05)
+    assert worker.predict({k: (v if k == "task" else v[None]) for k, v in obs.items()}, 0.0).shape == (4, 6)
 
     cfg = state_cfg(state_dataset, tmp_path / "other")
     cfg.data.features.env_state = "label.goal_rel"
