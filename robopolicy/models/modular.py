@@ -46,7 +46,6 @@ class ModularView:
     frame size, the actor's head; ``env_state_dim`` 0 because no privileged state is read."""
 
     head: str
-    horizon: int
     cameras: list[str] = field(default_factory=list)
     frame_size: list[int] = field(default_factory=list)
     context_strides: list[int] = field(default_factory=lambda: [0])
@@ -72,7 +71,7 @@ class ModularPolicy(nn.Module):
                               f"the actor {actor.config.state_dim}")
         self.locator, self.actor = locator, actor
         strides = sorted(set(locator.config.context_strides) | set(actor.config.context_strides))
-        self.config = ModularView(head=actor.config.head, horizon=actor.horizon, cameras=list(locator.cameras),
+        self.config = ModularView(head=actor.config.head, cameras=list(locator.cameras),
                                   frame_size=list(locator.config.frame_size), context_strides=strides)
 
     # the surface evaluation and deployment use

@@ -49,6 +49,7 @@ import torch
 from robopolicy.config import ConfigError, to_dict
 from robopolicy.data.loader import FeatureMap, TrainingDataset
 from robopolicy.models.feature_cache import ensure_features
+from robopolicy.models.modular import ModularPolicy
 from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError
 
 BOX_LABEL, VISIBLE_LABEL = "label.target_box", "label.target_visible"
@@ -385,8 +386,6 @@ def _latest_checkpoint(out: Path) -> Path | None:
 def _load_locator(path: str, actor: Policy, env_key: str | None) -> Policy:
     """The ``locator`` checkpoint, checked against the actor before any training: it must
     estimate the label this run reads as its scene state."""
-    from robopolicy.models.modular import ModularPolicy
-
     try:
         locator = Policy.load(path)
         ModularPolicy(locator, actor)
@@ -509,7 +508,10 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
 
     def save_checkpoint(step: int, directory: Path, trainer_state: bool) -> None:
         raw = ema.swap_into(policy) if ema is not None else None
-        policy.save(directory)
+        if locator is not None and not trainer_state:  # the final policy: locator + this actor, one checkpoint
+            ModularPolicy(locator, policy).save(directory)
+        else:
+            policy.save(directory)
         if raw is not None:
             policy.load_state_dict(raw, strict=False)
         if trainer_state:
@@ -580,9 +582,6 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
     save_checkpoint(final_step, out / "checkpoints" / f"step_{final_step:06d}", trainer_state=True)
     save_checkpoint(final_step, out / "final", trainer_state=False)
     if locator is not None:
-        from robopolicy.models.modular import ModularPolicy
-
-        ModularPolicy(locator, Policy.load(out / "final")).save(out / "final")
         log(f"[train] {out / 'final'}: a modular policy (locator {cfg.locator} + this actor)")
     plot = metrics.plot(out / "losses.png", f"{cfg.name} ({model_cfg.head})")
     metrics.close()
