@@ -304,3 +304,43 @@ def test_point_reach_has_a_known_answer():
         env.step(np.array([np.nan, 0.0]))
     with pytest.raises(ValueError, match="tolerance"):
         gymnasium.make("robopolicy/PointReach-v0", tolerance=2.0)
+
+
+def test_pose_draws_task_poses_with_consistent_labels():
+    """pose(): kinematic poses around the named cube and bowl, labels as the env computes them."""
+    env = ArmPickPlaceEnv(image_size=32)
+    _, info0 = env.reset(seed=3)
+    start = info0["cube_pos"][info0["goal_cube"]].copy()
+    others = np.delete(info0["cube_pos"], info0["goal_cube"], axis=0)
+    bowl = info0["target_pos"][info0["goal_target"]]
+    rng = np.random.default_rng(0)
+    held = placed = at_start = 0
+    for _ in range(60):
+        env.reset(seed=3)
+        obs, info = env.pose(rng)
+        assert obs["observation.images.front"].shape == (32, 32, 3) and obs["task"] == info0["task"]
+        k = info["goal_cube"]
+        cube, ee = info["cube_pos"][k], info["ee_pos"]
+        assert np.allclose(info["goal_grip"][:3], cube - ee, atol=1e-6)
+        assert np.allclose(info["goal_grip"][3:], bowl, atol=1e-6)
+        assert np.allclose(np.delete(info["cube_pos"], k, axis=0), others)  # the rest of the layout stays
+        assert np.allclose(obs["observation.state"][:5], env.data.qpos[env._arm_qadr])
+        assert 0.0 <= obs["observation.state"][5] <= so101.JOINT_HIGH[5] + 1e-6
+        if np.linalg.norm(cube - start) < 1e-9:
+            at_start += 1
+        elif np.linalg.norm(cube - ee) < 0.005:  # carried: between the jaws, fingers on its faces
+            held += 1
+            assert cube[2] > so101.CUBE_HALF
+            assert abs(obs["observation.state"][5] * so101.GRIP_M_PER_RAD - (so101.CUBE_HALF - so101.PAD_INNER_GAP)) < 1e-6
+        else:  # placed in the bowl
+            placed += 1
+            assert np.linalg.norm(cube[:2] - bowl[:2]) < so101.BOWL_RADIUS
+    assert at_start > 10 and held > 10 and placed > 2
+    # the same generator state gives the same pose
+    env.reset(seed=3)
+    a, _ = env.pose(np.random.default_rng(5))
+    env.reset(seed=3)
+    b, _ = env.pose(np.random.default_rng(5))
+    assert np.array_equal(a["observation.state"], b["observation.state"])
+    assert np.array_equal(a["observation.images.wrist"], b["observation.images.wrist"])
+    env.close()

@@ -85,3 +85,30 @@ def test_collect_arm_task_two_cameras(tmp_path):
     # the goal label: ArmReach has no cube, so the "object" is the tool-centre point
     assert tuple(ds.meta.features[F.GOAL_POS]["shape"]) == (6,)
     assert np.isfinite(item[F.GOAL_POS].numpy()).all() and np.abs(item[F.GOAL_POS].numpy()).max() < 1.0
+
+
+def test_collect_posed_frames_for_a_locator(tmp_path, capsys):
+    """--poses: no oracle; each episode holds several layouts' posed frames with their labels, and
+    every frame's action holds its pose."""
+    from robopolicy.data.cache import TrainingCache, ensure_cache
+
+    out = tmp_path / "posed"
+    args = parser().parse_args(["collect", "--env", "robopolicy/ArmPickPlace-v0", "--episodes", "2", "--poses", "3",
+                                "--image-size", "32", "--out", str(out), "--no-progress", "layouts_per_episode=4"])
+    assert args.func(args) == 0
+    table = capsys.readouterr().out
+    assert "posed frames" in table and "oracle success" not in table
+    rows = read_episodes(out).to_pylist()
+    assert [r["length"] for r in rows] == [12, 12]
+    cache = TrainingCache(ensure_cache(out, cache_dir=tmp_path / "cache", progress=False))
+    state = cache.lowdim[F.STATE]
+    assert np.allclose(cache.lowdim[F.ACTION], state) and np.allclose(cache.lowdim[F.ORACLE_ACTION], state)
+    grip = cache.lowdim[F.GOAL_GRIP]
+    assert grip.shape == (24, 6) and np.isfinite(grip).all()
+    # four layouts per episode: the bowl (world frame) changes every 3 frames, not within them
+    bowls = grip[:12, 3:]
+    assert np.allclose(bowls[0], bowls[2]) and not np.allclose(bowls[2], bowls[3])
+    assert len(np.unique(bowls.round(6), axis=0)) == 4
+    with pytest.raises(DatasetError, match="pose"):
+        collect(CollectConfig(env=EnvConfig(id="robopolicy/PointReach-v0"), episodes=1, poses=2,
+                              out=str(tmp_path / "point"), progress=False), log=lambda m: None)

@@ -3,6 +3,7 @@
     robopolicy collect --env robopolicy/PersonFollow-v0 --split dt --episodes 100 --workers 2 \\
         --noise 0.1 --out data/pf_dt
     robopolicy collect --config configs/data/collect_pf.yaml --resume
+    robopolicy collect --env robopolicy/ArmPickPlace-v0 --episodes 5000 --poses 8 --out data/pp_posed   # locator frames
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--noise", type=float, help="DART noise on executed actions (labels stay clean)")
     p.add_argument("--seed", type=int, help="first seed (episode i uses seed + i)")
     p.add_argument("--image-size", type=int, help="camera size in px (96-128 recommended)")
+    p.add_argument("--poses", type=int, help="posed frames instead of oracle episodes: K random task poses of "
+                   "each episode's layout, no physics (arm tasks; for training a locator)")
     p.add_argument("--out", help="dataset directory")
     p.add_argument("--resume", action="store_true", help="continue the dataset in --out after a stop or crash")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -34,7 +37,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
     for flag, key in (("env", "env.id"), ("split", "env.kwargs.split"), ("episodes", "episodes"),
                       ("workers", "workers"), ("noise", "noise"), ("seed", "seed"),
-                      ("image_size", "image_size"), ("out", "out")):
+                      ("image_size", "image_size"), ("poses", "poses"), ("out", "out")):
         value = getattr(args, flag)
         if value is not None:
             out.append(f"{key}={value}")

@@ -9,6 +9,14 @@ every episode; no merge step is needed at the end. Failed oracle episodes are ke
 filtered out (``robopolicy dataset filter --success``).
 
 Episode ``i`` uses seed ``seed + i``; ``resume=True`` skips the seeds already committed.
+
+With ``poses=K`` the episodes are posed frames instead of oracle rollouts, for perception
+training (a locator) over many more layouts than demonstrations hold: each episode holds
+``layouts_per_episode`` reset layouts (seeds ``10**9 + seed·L + j``, away from evaluation seeds)
+and K random kinematic poses of the task for each (the env's ``pose()``: arm joints, and the
+objects it would be handling, set without physics). No oracle runs; a posed frame's action
+and oracle label are the joint targets that hold its pose, so such a dataset trains
+perception heads, not actions. Frames of one episode are not a trajectory.
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ class CollectConfig:
     resume: bool = False  # continue an existing dataset in ``out``
     image_size: int | None = None  # camera size in px (passed to the env); None: env default
     vcodec: str = "libsvtav1"  # lerobot video codec: libsvtav1 (lerobot's default), h264, hevc
+    poses: int = 0  # 0: oracle episodes; K > 0: posed frames, K poses of each layout
+    layouts_per_episode: int = 16  # posed frames: layouts in one episode (fewer, longer videos)
     progress: bool = True
 
 
@@ -62,6 +72,7 @@ class CollectSummary:
     seconds: float
     total_episodes: int  # in the dataset now
     errors: list[str] = field(default_factory=list)
+    posed: bool = False  # posed frames, not oracle episodes: there is no success to report
 
     @property
     def frames_per_s(self) -> float:
@@ -71,7 +82,7 @@ class CollectSummary:
         """Markdown table of the run."""
         rate = f"{self.successes}/{self.episodes}" + (f" ({self.successes / self.episodes:.0%})" if self.episodes else "")
         rows = [("episodes (this run)", str(self.episodes)), ("episodes (dataset)", str(self.total_episodes)),
-                ("frames", str(self.frames)), ("oracle success", rate),
+                ("frames", str(self.frames)), ("posed frames (no oracle)", "yes") if self.posed else ("oracle success", rate),
                 ("time", f"{self.seconds:.1f} s"), ("frames/s", f"{self.frames_per_s:.1f}")]
         if self.errors:
             rows.append(("errors", str(len(self.errors))))
@@ -140,13 +151,55 @@ def record_oracle_episode(env: Any, staged: StagedEpisode, seed: int, noise: flo
             return steps, success
 
 
+def check_posable(env: Any) -> None:
+    """Posed frames need the env's ``pose()`` and absolute joint actions (a pose's action holds it)."""
+    base = getattr(env, "unwrapped", env)
+    if not callable(getattr(base, "pose", None)):
+        raise DatasetError(f"{type(base).__name__} has no pose(): posed frames (poses > 0) are for the arm tasks")
+    if getattr(base, "action_mode", "joint") != "joint":
+        raise DatasetError("posed frames need action_mode=joint (a pose's action is its joint targets)")
+
+
+def record_posed_episode(env: Any, staged: StagedEpisode, seed: int, poses: int, layouts: int = 1,
+                         on_frame: Callable[[int], None] | None = None) -> tuple[int, bool]:
+    """``layouts`` reset layouts (seeds ``10**9 + seed·layouts + j``) with ``poses`` random poses
+    each into ``staged``; returns (frames, False). Every frame's action and label hold its pose:
+    the joint targets of the observed joint state."""
+    import numpy as np
+
+    from sim_envs.core import OracleStep
+
+    base = env.unwrapped
+    rng = np.random.default_rng([seed, 0x9053])
+    n = 0
+    for j in range(layouts):
+        env.reset(seed=POSED_SEED_BASE + seed * layouts + j)
+        for k in range(poses):
+            obs, info = base.pose(rng)
+            hold = np.asarray(obs[F.STATE], dtype=np.float32)
+            decision = OracleStep(action=hold, label=hold)
+            n += 1
+            staged.add_frame(oracle_frame(staged.features, obs, info, decision, 0.0, n == poses * layouts, False),
+                             str(obs.get(F.TASK, "")))
+            if on_frame is not None:
+                on_frame(n)
+    return n, False
+
+
+POSED_SEED_BASE = 10**9
+
+
 def _stage_one(env: Any, root: Path, features: dict, fps: int, seed: int, noise: float, vcodec: str,
-               robot_type: str | None, tag: str, on_frame: Callable[[int], None] | None = None) -> dict:
+               robot_type: str | None, tag: str, on_frame: Callable[[int], None] | None = None,
+               poses: tuple[int, int] = (0, 1)) -> dict:
     staged = StagedEpisode(root / STAGING_DIR / f"{tag}-seed{seed}-{uuid.uuid4().hex[:6]}", features, fps,
                            robot_type=robot_type, vcodec=vcodec)
     t0 = time.perf_counter()
     try:
-        steps, success = record_oracle_episode(env, staged, seed, noise, on_frame)
+        if poses[0] > 0:
+            steps, success = record_posed_episode(env, staged, seed, poses[0], poses[1], on_frame)
+        else:
+            steps, success = record_oracle_episode(env, staged, seed, noise, on_frame)
         summary = staged.save(success=success, seed=seed)
     except BaseException:
         staged.discard()
@@ -171,7 +224,7 @@ def quiet_encoders() -> None:
 
 
 def _worker(worker_id: int, env_cfg: dict, root: str, features: dict, fps: int, noise: float, vcodec: str,
-            robot_type: str | None, seeds: Any, results: Any) -> None:
+            robot_type: str | None, seeds: Any, results: Any, poses: tuple[int, int] = (0, 1)) -> None:
     """Worker process: take seeds until a None, stage each episode, report it."""
     import os
 
@@ -185,7 +238,7 @@ def _worker(worker_id: int, env_cfg: dict, root: str, features: dict, fps: int, 
                 break
             try:
                 results.put(("ok", _stage_one(env, Path(root), features, fps, seed, noise, vcodec, robot_type,
-                                              f"w{worker_id}")))
+                                              f"w{worker_id}", poses=poses)))
             except Exception:
                 results.put(("error", {"seed": seed, "error": traceback.format_exc()}))
     finally:
@@ -203,12 +256,20 @@ def committed_seeds(root: Path) -> set[int]:
 
 def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSummary:
     """Run the collection described by ``cfg``; returns the summary (see the module docstring)."""
-    if cfg.episodes < 1 or cfg.workers < 1:
-        raise ValueError(f"episodes and workers must be >= 1, got episodes={cfg.episodes} workers={cfg.workers}")
+    if cfg.episodes < 1 or cfg.workers < 1 or cfg.poses < 0 or cfg.layouts_per_episode < 1:
+        raise ValueError(f"episodes, workers and layouts_per_episode must be >= 1 and poses >= 0, got "
+                         f"episodes={cfg.episodes} workers={cfg.workers} poses={cfg.poses} "
+                         f"layouts_per_episode={cfg.layouts_per_episode}")
     quiet_encoders()
     root = Path(cfg.out)
     env_cfg = env_config_with_size(cfg)
     env = make_env(env_cfg, render_mode=None)
+    if cfg.poses:
+        try:
+            check_posable(env)
+        except DatasetError:
+            env.close()
+            raise
     features = F.env_features(env)
     fps = int(env.metadata.get("render_fps", 10))
     robot_type = env_cfg.id.split("/")[-1]
@@ -230,8 +291,10 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         create_dataset(root, features, fps, robot_type)
         done_seeds = set()
     todo = [cfg.seed + i for i in range(cfg.episodes) if cfg.seed + i not in done_seeds]
+    what = (f"{cfg.layouts_per_episode} layouts x {cfg.poses} posed frames each" if cfg.poses
+            else f"noise {cfg.noise}")
     log(f"[collect] {env_cfg.label()}: {len(todo)} episode(s) to record ({len(done_seeds)} already in {root}), "
-        f"{cfg.workers} worker(s), noise {cfg.noise}")
+        f"{cfg.workers} worker(s), {what}")
 
     from tqdm.auto import tqdm
 
@@ -253,7 +316,8 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
     try:
         if cfg.workers == 1 or len(todo) <= 1:
             for seed in todo:
-                on_result(_stage_one(env, root, features, fps, seed, cfg.noise, cfg.vcodec, robot_type, "w0"))
+                on_result(_stage_one(env, root, features, fps, seed, cfg.noise, cfg.vcodec, robot_type, "w0",
+                                     poses=(cfg.poses, cfg.layouts_per_episode)))
         else:
             env.close()
             _run_workers(cfg, env_cfg, root, features, fps, robot_type, todo, on_result, errors)
@@ -261,7 +325,8 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         bar.close()
         env.close()
     seconds = time.perf_counter() - t0
-    return CollectSummary(committed, frames, successes, seconds, int(read_info(root)["total_episodes"]), errors)
+    return CollectSummary(committed, frames, successes, seconds, int(read_info(root)["total_episodes"]), errors,
+                          posed=cfg.poses > 0)
 
 
 def _run_workers(cfg: CollectConfig, env_cfg: EnvConfig, root: Path, features: dict, fps: int,
@@ -276,7 +341,8 @@ def _run_workers(cfg: CollectConfig, env_cfg: EnvConfig, root: Path, features: d
         seeds.put(None)
     env_dict = {"id": env_cfg.id, "kwargs": dict(env_cfg.kwargs)}
     procs = [ctx.Process(target=_worker, args=(i, env_dict, str(root), features, fps, cfg.noise, cfg.vcodec,
-                                                robot_type, seeds, results), daemon=True) for i in range(n)]
+                                                robot_type, seeds, results, (cfg.poses, cfg.layouts_per_episode)),
+                         daemon=True) for i in range(n)]
     for p in procs:
         p.start()
     running = n

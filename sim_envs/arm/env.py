@@ -363,6 +363,45 @@ class ArmEnv(gymnasium.Env):
             }
         return self._obs(), float(reward), terminated, truncated, info
 
+    # -- posed frames (perception data) --------------------------------------------------------
+    def pose(self, rng: np.random.Generator | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Put the arm (and the objects it would be handling) into a random pose of the task,
+        kinematically, and return ``(obs, info)`` as :meth:`reset` does, labels included.
+
+        For perception training data: a frame of a new pose costs a render, not an oracle
+        episode, so a locator can see many more layouts and arm poses than demonstrations
+        hold. Call after :meth:`reset` (which samples the layout); the layout's other objects
+        stay put. No physics runs: the scene is not stepped and is not meant to be (call
+        :meth:`reset` before stepping again). Which poses are drawn is the task's
+        (:meth:`_sample_pose`); the base class draws a free tool-centre point.
+        """
+        rng = self.np_random if rng is None else rng
+        q, grip = self._sample_pose(rng)
+        d = self.data
+        d.qpos[self._arm_qadr] = q
+        d.qpos[self._finger_qadr] = grip * so101.GRIP_M_PER_RAD
+        d.qvel[:] = 0.0
+        mujoco.mj_forward(self.model, d)
+        success, _, _ = self._evaluate()
+        return self._obs(), self._info(success)
+
+    def _free_tcp(self, rng) -> np.ndarray:
+        a = rng.uniform(-1.2, 1.2)
+        r = rng.uniform(0.08, 0.24)
+        return np.array([r * np.cos(a), r * np.sin(a), rng.uniform(0.03, 0.16)])
+
+    def _pose_at(self, tcp: np.ndarray, rng, yaw: float | None = None) -> np.ndarray:
+        """Joint angles (5,) that put the tool-centre point at ``tcp`` pointing down, the jaws
+        closing along ``yaw`` (a random roll when None), with a little joint noise."""
+        q, _ = self.ik.analytic(tcp, roll=float(rng.uniform(-1.5, 1.5)))
+        if yaw is not None:
+            q[4] = self.ik.roll_for_yaw(q, yaw)
+        return q
+
+    def _sample_pose(self, rng) -> tuple[np.ndarray, float]:
+        """(arm joint angles (5,), gripper angle) of a random pose; may move the task's objects."""
+        return self._pose_at(self._free_tcp(rng), rng), float(rng.uniform(0.0, so101.JOINT_HIGH[5]))
+
     # -- rendering ----------------------------------------------------------------------------
     def render_views(self) -> dict[str, np.ndarray]:
         """Front, wrist and top-down views at ``render_size`` (uint8 H×W×3 each)."""
@@ -539,6 +578,48 @@ class ArmPickPlaceEnv(ArmEnv):
         self._instruction = (
             f"put the {self.cube_colors[self.goal_cube]} cube in the {self.target_colors[self.goal_target]} bowl"
         )
+
+    # phases of a pick-and-place and how often :meth:`pose` draws each
+    POSE_PHASES = {"free": 0.15, "approach": 0.35, "carry": 0.35, "placed": 0.15}
+
+    def _sample_pose(self, rng):
+        """A pose of one of :attr:`POSE_PHASES`, around the named cube and bowl as the oracle
+        moves: ``approach`` (tcp above or at the cube, jaws along a face), ``carry`` (the cube
+        held between the closed jaws, on the way to the bowl), ``placed`` (the cube in the bowl,
+        the gripper open above it), or ``free`` (anywhere, the objects untouched)."""
+        names, probs = zip(*self.POSE_PHASES.items())
+        phase = names[int(rng.choice(len(names), p=np.asarray(probs) / sum(probs)))]
+        adr = self._cube_qadr[self.goal_cube]
+        cube = self.data.qpos[adr : adr + 3].copy()
+        w, _, _, z = self.data.qpos[adr + 3 : adr + 7]
+        cube_yaw = 2.0 * math.atan2(z, w)
+        bowl = self.data.mocap_pos[self._target_mocap[self.goal_target]].copy()
+        open_max = float(so101.JOINT_HIGH[5])
+        if phase == "free":
+            return ArmEnv._sample_pose(self, rng)
+        if phase == "approach":
+            spread = 0.03 if rng.random() < 0.5 else 0.008
+            tcp = np.array([*(cube[:2] + rng.normal(0.0, spread, 2)), rng.uniform(so101.CUBE_HALF + 0.001, 0.09)])
+            yaw = cube_yaw + rng.integers(4) * np.pi / 2 + rng.normal(0.0, 0.1)
+            grip = rng.uniform(0.0, open_max) if rng.random() < 0.3 else rng.uniform(1.0, open_max)
+            return self._pose_at(tcp, rng, yaw), float(grip)
+        if phase == "carry":
+            t = rng.uniform(0.0, 1.0)
+            xy = (1 - t) * cube[:2] + t * bowl[:2] + rng.normal(0.0, 0.01, 2)
+            q = self._pose_at(np.array([*xy, rng.uniform(0.03, 0.09)]), rng)
+            tcp, _ = self.ik.fk(q)
+            jaw = self.ik.gripper_yaw(q)
+            self.data.qpos[adr : adr + 3] = tcp - np.array([0.0, 0.0, 0.001])
+            self.data.qpos[adr + 3 : adr + 7] = (np.cos(jaw / 2), 0.0, 0.0, np.sin(jaw / 2))
+            return q, (so101.CUBE_HALF - so101.PAD_INNER_GAP) / so101.GRIP_M_PER_RAD
+        # placed: the cube rests in the bowl, the open gripper above it
+        off = rng.normal(0.0, 0.008, 2)
+        off *= min(1.0, (so101.BOWL_RADIUS - 0.015) / max(float(np.linalg.norm(off)), 1e-9))
+        yaw = rng.uniform(-np.pi, np.pi)
+        self.data.qpos[adr : adr + 3] = (bowl[0] + off[0], bowl[1] + off[1], so101.CUBE_HALF + 0.0015)
+        self.data.qpos[adr + 3 : adr + 7] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
+        tcp = np.array([*(bowl[:2] + off + rng.normal(0.0, 0.01, 2)), rng.uniform(0.045, 0.10)])
+        return self._pose_at(tcp, rng, yaw), float(rng.uniform(1.0, open_max))
 
     def _evaluate(self):
         d = self.data
