@@ -310,7 +310,8 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         successes += int(result["success"])
         committed += 1
         elapsed = time.perf_counter() - t0
-        bar.set_postfix(success=f"{successes}/{committed}", fps=f"{frames / max(elapsed, 1e-9):.0f}")
+        shown = {} if cfg.poses else {"success": f"{successes}/{committed}"}
+        bar.set_postfix(**shown, fps=f"{frames / max(elapsed, 1e-9):.0f}")
         bar.update(1)
 
     try:

@@ -580,7 +580,7 @@ class ArmPickPlaceEnv(ArmEnv):
         )
 
     # phases of a pick-and-place and how often :meth:`pose` draws each
-    POSE_PHASES = {"free": 0.15, "approach": 0.35, "carry": 0.35, "placed": 0.15}
+    POSE_PHASES = {"free": 0.1, "approach": 0.45, "carry": 0.35, "placed": 0.1}
 
     def _sample_pose(self, rng):
         """A pose of one of :attr:`POSE_PHASES`, around the named cube and bowl as the oracle
