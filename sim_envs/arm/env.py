@@ -392,7 +392,7 @@ class ArmEnv(gymnasium.Env):
 
     def _pose_at(self, tcp: np.ndarray, rng, yaw: float | None = None) -> np.ndarray:
         """Joint angles (5,) that put the tool-centre point at ``tcp`` pointing down, the jaws
-        closing along ``yaw`` (a random roll when None), with a little joint noise."""
+        closing along ``yaw`` (a random wrist roll when None)."""
         q, _ = self.ik.analytic(tcp, roll=float(rng.uniform(-1.5, 1.5)))
         if yaw is not None:
             q[4] = self.ik.roll_for_yaw(q, yaw)
@@ -612,11 +612,11 @@ class ArmPickPlaceEnv(ArmEnv):
             self.data.qpos[adr : adr + 3] = tcp - np.array([0.0, 0.0, 0.001])
             self.data.qpos[adr + 3 : adr + 7] = (np.cos(jaw / 2), 0.0, 0.0, np.sin(jaw / 2))
             return q, (so101.CUBE_HALF - so101.PAD_INNER_GAP) / so101.GRIP_M_PER_RAD
-        # placed: the cube rests in the bowl, the open gripper above it
+        # placed: the cube rests on the bowl's floor (a 3 mm disc), the open gripper above it
         off = rng.normal(0.0, 0.008, 2)
         off *= min(1.0, (so101.BOWL_RADIUS - 0.015) / max(float(np.linalg.norm(off)), 1e-9))
         yaw = rng.uniform(-np.pi, np.pi)
-        self.data.qpos[adr : adr + 3] = (bowl[0] + off[0], bowl[1] + off[1], so101.CUBE_HALF + 0.0015)
+        self.data.qpos[adr : adr + 3] = (bowl[0] + off[0], bowl[1] + off[1], so101.CUBE_HALF + 0.003)
         self.data.qpos[adr + 3 : adr + 7] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
         tcp = np.array([*(bowl[:2] + off + rng.normal(0.0, 0.01, 2)), rng.uniform(0.045, 0.10)])
         return self._pose_at(tcp, rng, yaw), float(rng.uniform(1.0, open_max))
