@@ -344,3 +344,23 @@ def test_pose_draws_task_poses_with_consistent_labels():
     assert np.array_equal(a["observation.state"], b["observation.state"])
     assert np.array_equal(a["observation.images.wrist"], b["observation.images.wrist"])
     env.close()
+
+
+def test_pose_phase_weights_choose_the_phases():
+    env = ArmPickPlaceEnv(use_cameras=False)
+    _, info0 = env.reset(seed=4)
+    start = info0["cube_pos"][info0["goal_cube"]].copy()
+    rng = np.random.default_rng(1)
+    for _ in range(5):  # the reset pose: the arm within the reset's joint noise of home, the cube where it was
+        obs, info = env.pose(rng, {"start": 1.0, "free": 0.0, "approach": 0.0, "carry": 0.0, "placed": 0.0})
+        assert np.abs(obs["observation.state"][:5] - env._home).max() < 0.2
+        assert obs["observation.state"][5] == pytest.approx(so101.JOINT_HIGH[5])
+        assert np.allclose(info["cube_pos"][info["goal_cube"]], start)
+    only_carry = {"free": 0.0, "approach": 0.0, "carry": 1.0, "placed": 0.0}
+    for _ in range(5):
+        _, info = env.pose(rng, only_carry)
+        assert np.linalg.norm(info["goal_grip"][:3]) < 0.005
+    with pytest.raises(ValueError, match="unknown"):
+        env.pose(rng, {"hover": 1.0})
+    with pytest.raises(ValueError, match="positive sum"):
+        env.pose(rng, {k: 0.0 for k in ArmPickPlaceEnv.POSE_PHASES})

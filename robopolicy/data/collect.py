@@ -59,6 +59,7 @@ class CollectConfig:
     vcodec: str = "libsvtav1"  # lerobot video codec: libsvtav1 (lerobot's default), h264, hevc
     poses: int = 0  # 0: oracle episodes; K > 0: posed frames, K poses of each layout
     layouts_per_episode: int = 16  # posed frames: layouts in one episode (fewer, longer videos)
+    pose_phases: dict[str, float] = field(default_factory=dict)  # posed frames: phase weights, over the env's defaults
     progress: bool = True
 
 
@@ -161,10 +162,12 @@ def check_posable(env: Any) -> None:
 
 
 def record_posed_episode(env: Any, staged: StagedEpisode, seed: int, poses: int, layouts: int = 1,
-                         on_frame: Callable[[int], None] | None = None) -> tuple[int, bool]:
+                         on_frame: Callable[[int], None] | None = None,
+                         phases: dict[str, float] | None = None) -> tuple[int, bool]:
     """``layouts`` reset layouts (seeds ``10**9 + seed·layouts + j``) with ``poses`` random poses
-    each into ``staged``; returns (frames, False). Every frame's action and label hold its pose:
-    the joint targets of the observed joint state."""
+    each (``phases``: the env's pose phase weights to change) into ``staged``; returns (frames,
+    False). Every frame's action and label hold its pose: the joint targets of the observed
+    joint state."""
     import numpy as np
 
     from sim_envs.core import OracleStep
@@ -175,7 +178,7 @@ def record_posed_episode(env: Any, staged: StagedEpisode, seed: int, poses: int,
     for j in range(layouts):
         env.reset(seed=POSED_SEED_BASE + seed * layouts + j)
         for k in range(poses):
-            obs, info = base.pose(rng)
+            obs, info = base.pose(rng, phases or None)
             hold = np.asarray(obs[F.STATE], dtype=np.float32)
             decision = OracleStep(action=hold, label=hold)
             n += 1
@@ -191,13 +194,13 @@ POSED_SEED_BASE = 10**9
 
 def _stage_one(env: Any, root: Path, features: dict, fps: int, seed: int, noise: float, vcodec: str,
                robot_type: str | None, tag: str, on_frame: Callable[[int], None] | None = None,
-               poses: tuple[int, int] = (0, 1)) -> dict:
+               poses: tuple[int, int, dict] = (0, 1, {})) -> dict:
     staged = StagedEpisode(root / STAGING_DIR / f"{tag}-seed{seed}-{uuid.uuid4().hex[:6]}", features, fps,
                            robot_type=robot_type, vcodec=vcodec)
     t0 = time.perf_counter()
     try:
         if poses[0] > 0:
-            steps, success = record_posed_episode(env, staged, seed, poses[0], poses[1], on_frame)
+            steps, success = record_posed_episode(env, staged, seed, poses[0], poses[1], on_frame, poses[2])
         else:
             steps, success = record_oracle_episode(env, staged, seed, noise, on_frame)
         summary = staged.save(success=success, seed=seed)
@@ -224,7 +227,7 @@ def quiet_encoders() -> None:
 
 
 def _worker(worker_id: int, env_cfg: dict, root: str, features: dict, fps: int, noise: float, vcodec: str,
-            robot_type: str | None, seeds: Any, results: Any, poses: tuple[int, int] = (0, 1)) -> None:
+            robot_type: str | None, seeds: Any, results: Any, poses: tuple[int, int, dict] = (0, 1, {})) -> None:
     """Worker process: take seeds until a None, stage each episode, report it."""
     import os
 
@@ -318,7 +321,7 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         if cfg.workers == 1 or len(todo) <= 1:
             for seed in todo:
                 on_result(_stage_one(env, root, features, fps, seed, cfg.noise, cfg.vcodec, robot_type, "w0",
-                                     poses=(cfg.poses, cfg.layouts_per_episode)))
+                                     poses=(cfg.poses, cfg.layouts_per_episode, dict(cfg.pose_phases))))
         else:
             env.close()
             _run_workers(cfg, env_cfg, root, features, fps, robot_type, todo, on_result, errors)
@@ -342,7 +345,8 @@ def _run_workers(cfg: CollectConfig, env_cfg: EnvConfig, root: Path, features: d
         seeds.put(None)
     env_dict = {"id": env_cfg.id, "kwargs": dict(env_cfg.kwargs)}
     procs = [ctx.Process(target=_worker, args=(i, env_dict, str(root), features, fps, cfg.noise, cfg.vcodec,
-                                                robot_type, seeds, results, (cfg.poses, cfg.layouts_per_episode)),
+                                                robot_type, seeds, results,
+                                                (cfg.poses, cfg.layouts_per_episode, dict(cfg.pose_phases))),
                          daemon=True) for i in range(n)]
     for p in procs:
         p.start()

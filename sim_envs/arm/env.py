@@ -364,7 +364,8 @@ class ArmEnv(gymnasium.Env):
         return self._obs(), float(reward), terminated, truncated, info
 
     # -- posed frames (perception data) --------------------------------------------------------
-    def pose(self, rng: np.random.Generator | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def pose(self, rng: np.random.Generator | None = None,
+             phases: dict[str, float] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Put the arm (and the objects it would be handling) into a random pose of the task,
         kinematically, and return ``(obs, info)`` as :meth:`reset` does, labels included.
 
@@ -373,10 +374,20 @@ class ArmEnv(gymnasium.Env):
         hold. Call after :meth:`reset` (which samples the layout); the layout's other objects
         stay put. No physics runs: the scene is not stepped and is not meant to be (call
         :meth:`reset` before stepping again). Which poses are drawn is the task's
-        (:meth:`_sample_pose`); the base class draws a free tool-centre point.
+        (:meth:`_sample_pose`; ``phases``: weights of its phases by name, over the task's
+        defaults in :attr:`POSE_PHASES`); the base class draws a free tool-centre point.
         """
         rng = self.np_random if rng is None else rng
-        q, grip = self._sample_pose(rng)
+        weights = dict(self.POSE_PHASES)
+        unknown = sorted(set(phases or {}) - set(weights))
+        if unknown:
+            raise ValueError(f"pose phases {unknown} unknown to {type(self).__name__} (it has {sorted(weights)})")
+        weights.update(phases or {})
+        if any(not np.isfinite(w) or w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise ValueError(f"pose phase weights must be >= 0 with a positive sum, got {weights}")
+        names = list(weights)
+        p = np.asarray([weights[n] for n in names], dtype=float)
+        q, grip = self._sample_pose(rng, names[int(rng.choice(len(names), p=p / p.sum()))])
         d = self.data
         d.qpos[self._arm_qadr] = q
         d.qpos[self._finger_qadr] = grip * so101.GRIP_M_PER_RAD
@@ -398,8 +409,11 @@ class ArmEnv(gymnasium.Env):
             q[4] = self.ik.roll_for_yaw(q, yaw)
         return q
 
-    def _sample_pose(self, rng) -> tuple[np.ndarray, float]:
-        """(arm joint angles (5,), gripper angle) of a random pose; may move the task's objects."""
+    POSE_PHASES = {"free": 1.0}
+
+    def _sample_pose(self, rng, phase: str) -> tuple[np.ndarray, float]:
+        """(arm joint angles (5,), gripper angle) of a random pose of ``phase``; may move the
+        task's objects."""
         return self._pose_at(self._free_tcp(rng), rng), float(rng.uniform(0.0, so101.JOINT_HIGH[5]))
 
     # -- rendering ----------------------------------------------------------------------------
@@ -579,16 +593,17 @@ class ArmPickPlaceEnv(ArmEnv):
             f"put the {self.cube_colors[self.goal_cube]} cube in the {self.target_colors[self.goal_target]} bowl"
         )
 
-    # phases of a pick-and-place and how often :meth:`pose` draws each
-    POSE_PHASES = {"free": 0.1, "approach": 0.45, "carry": 0.35, "placed": 0.1}
+    # phases of a pick-and-place and how often :meth:`pose` draws each by default ("start" and
+    # "transit" come last at weight 0, so the default draws are those of the mix before them)
+    POSE_PHASES = {"free": 0.1, "approach": 0.45, "carry": 0.35, "placed": 0.1, "start": 0.0, "transit": 0.0}
 
-    def _sample_pose(self, rng):
+    def _sample_pose(self, rng, phase):
         """A pose of one of :attr:`POSE_PHASES`, around the named cube and bowl as the oracle
-        moves: ``approach`` (tcp above or at the cube, jaws along a face), ``carry`` (the cube
-        held between the closed jaws, on the way to the bowl), ``placed`` (the cube in the bowl,
-        the gripper open above it), or ``free`` (anywhere, the objects untouched)."""
-        names, probs = zip(*self.POSE_PHASES.items())
-        phase = names[int(rng.choice(len(names), p=np.asarray(probs) / sum(probs)))]
+        moves: ``start`` (the arm at its reset pose, give or take the reset's joint noise),
+        ``transit`` (on the way from there to above the cube), ``approach`` (tcp above or at
+        the cube, jaws along a face), ``carry`` (the cube held between the closed jaws, on the
+        way to the bowl), ``placed`` (the cube in the bowl, the gripper open above it), or
+        ``free`` (anywhere, the objects untouched)."""
         adr = self._cube_qadr[self.goal_cube]
         cube = self.data.qpos[adr : adr + 3].copy()
         w, _, _, z = self.data.qpos[adr + 3 : adr + 7]
@@ -596,7 +611,16 @@ class ArmPickPlaceEnv(ArmEnv):
         bowl = self.data.mocap_pos[self._target_mocap[self.goal_target]].copy()
         open_max = float(so101.JOINT_HIGH[5])
         if phase == "free":
-            return ArmEnv._sample_pose(self, rng)
+            return ArmEnv._sample_pose(self, rng, phase)
+        if phase == "start":
+            q = np.clip(self._home + rng.normal(0.0, 0.03, size=5), so101.JOINT_LOW[:5], so101.JOINT_HIGH[:5])
+            return q, open_max
+        if phase == "transit":
+            home, _ = self.ik.fk(self._home)
+            t = rng.uniform(0.0, 1.0)
+            tcp = (1 - t) * home + t * np.array([cube[0], cube[1], 0.07]) + rng.normal(0.0, 0.01, 3)
+            yaw = cube_yaw + rng.integers(4) * np.pi / 2
+            return self._pose_at(tcp, rng, yaw if t > 0.5 else None), float(rng.uniform(1.0, open_max))
         if phase == "approach":
             spread = 0.03 if rng.random() < 0.5 else 0.008
             tcp = np.array([*(cube[:2] + rng.normal(0.0, spread, 2)), rng.uniform(so101.CUBE_HALF + 0.001, 0.09)])
