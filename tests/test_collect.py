@@ -112,3 +112,7 @@ def test_collect_posed_frames_for_a_locator(tmp_path, capsys):
     with pytest.raises(DatasetError, match="pose"):
         collect(CollectConfig(env=EnvConfig(id="robopolicy/PointReach-v0"), episodes=1, poses=2,
                               out=str(tmp_path / "point"), progress=False), log=lambda m: None)
+    with pytest.raises(DatasetError, match="pose_phases.*hover"):  # refused before anything is written
+        collect(CollectConfig(env=EnvConfig(id="robopolicy/ArmPickPlace-v0"), episodes=1, poses=2,
+                              pose_phases={"hover": 1.0}, out=str(tmp_path / "bad"), progress=False), log=lambda m: None)
+    assert not (tmp_path / "bad").exists()

@@ -152,55 +152,70 @@ def record_oracle_episode(env: Any, staged: StagedEpisode, seed: int, noise: flo
             return steps, success
 
 
-def check_posable(env: Any) -> None:
-    """Posed frames need the env's ``pose()`` and absolute joint actions (a pose's action holds it)."""
+POSED_SEED_BASE = 10**9
+
+
+@dataclass(frozen=True)
+class PosedFrames:
+    """What a posed-frame episode holds: ``layouts`` reset layouts, ``poses`` poses of each,
+    drawn with the env's pose phase weights changed by ``phases``."""
+
+    poses: int
+    layouts: int = 1
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def check_posable(env: Any, posed: PosedFrames) -> None:
+    """Posed frames need the env's ``pose()``, absolute joint actions (a pose's action holds it)
+    and phase weights the env knows; raises :class:`DatasetError` before anything is written."""
+    import numpy as np
+
     base = getattr(env, "unwrapped", env)
     if not callable(getattr(base, "pose", None)):
         raise DatasetError(f"{type(base).__name__} has no pose(): posed frames (poses > 0) are for the arm tasks")
     if getattr(base, "action_mode", "joint") != "joint":
         raise DatasetError("posed frames need action_mode=joint (a pose's action is its joint targets)")
+    env.reset(seed=POSED_SEED_BASE)
+    try:
+        base.pose(np.random.default_rng(0), posed.phases or None)
+    except ValueError as exc:
+        raise DatasetError(f"pose_phases: {exc}") from None
 
 
-def record_posed_episode(env: Any, staged: StagedEpisode, seed: int, poses: int, layouts: int = 1,
-                         on_frame: Callable[[int], None] | None = None,
-                         phases: dict[str, float] | None = None) -> tuple[int, bool]:
-    """``layouts`` reset layouts (seeds ``10**9 + seed·layouts + j``) with ``poses`` random poses
-    each (``phases``: the env's pose phase weights to change) into ``staged``; returns (frames,
-    False). Every frame's action and label hold its pose: the joint targets of the observed
-    joint state."""
+def record_posed_episode(env: Any, staged: StagedEpisode, seed: int, posed: PosedFrames,
+                         on_frame: Callable[[int], None] | None = None) -> tuple[int, bool]:
+    """``posed.layouts`` reset layouts (seeds ``10**9 + seed·layouts + j``) with ``posed.poses``
+    random poses each into ``staged``; returns (frames, False). Every frame's action and label
+    hold its pose: the joint targets of the observed joint state."""
     import numpy as np
 
     from sim_envs.core import OracleStep
 
     base = env.unwrapped
     rng = np.random.default_rng([seed, 0x9053])
-    n = 0
-    for j in range(layouts):
-        env.reset(seed=POSED_SEED_BASE + seed * layouts + j)
-        for k in range(poses):
-            obs, info = base.pose(rng, phases or None)
+    total, n = posed.poses * posed.layouts, 0
+    for j in range(posed.layouts):
+        env.reset(seed=POSED_SEED_BASE + seed * posed.layouts + j)
+        for _ in range(posed.poses):
+            obs, info = base.pose(rng, posed.phases or None)
             hold = np.asarray(obs[F.STATE], dtype=np.float32)
-            decision = OracleStep(action=hold, label=hold)
             n += 1
-            staged.add_frame(oracle_frame(staged.features, obs, info, decision, 0.0, n == poses * layouts, False),
-                             str(obs.get(F.TASK, "")))
+            staged.add_frame(oracle_frame(staged.features, obs, info, OracleStep(action=hold, label=hold), 0.0,
+                                          n == total, False), str(obs.get(F.TASK, "")))
             if on_frame is not None:
                 on_frame(n)
     return n, False
 
 
-POSED_SEED_BASE = 10**9
-
-
 def _stage_one(env: Any, root: Path, features: dict, fps: int, seed: int, noise: float, vcodec: str,
                robot_type: str | None, tag: str, on_frame: Callable[[int], None] | None = None,
-               poses: tuple[int, int, dict] = (0, 1, {})) -> dict:
+               posed: PosedFrames | None = None) -> dict:
     staged = StagedEpisode(root / STAGING_DIR / f"{tag}-seed{seed}-{uuid.uuid4().hex[:6]}", features, fps,
                            robot_type=robot_type, vcodec=vcodec)
     t0 = time.perf_counter()
     try:
-        if poses[0] > 0:
-            steps, success = record_posed_episode(env, staged, seed, poses[0], poses[1], on_frame, poses[2])
+        if posed is not None:
+            steps, success = record_posed_episode(env, staged, seed, posed, on_frame)
         else:
             steps, success = record_oracle_episode(env, staged, seed, noise, on_frame)
         summary = staged.save(success=success, seed=seed)
@@ -227,7 +242,7 @@ def quiet_encoders() -> None:
 
 
 def _worker(worker_id: int, env_cfg: dict, root: str, features: dict, fps: int, noise: float, vcodec: str,
-            robot_type: str | None, seeds: Any, results: Any, poses: tuple[int, int, dict] = (0, 1, {})) -> None:
+            robot_type: str | None, seeds: Any, results: Any, posed: PosedFrames | None = None) -> None:
     """Worker process: take seeds until a None, stage each episode, report it."""
     import os
 
@@ -241,7 +256,7 @@ def _worker(worker_id: int, env_cfg: dict, root: str, features: dict, fps: int, 
                 break
             try:
                 results.put(("ok", _stage_one(env, Path(root), features, fps, seed, noise, vcodec, robot_type,
-                                              f"w{worker_id}", poses=poses)))
+                                              f"w{worker_id}", posed=posed)))
             except Exception:
                 results.put(("error", {"seed": seed, "error": traceback.format_exc()}))
     finally:
@@ -267,9 +282,10 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
     root = Path(cfg.out)
     env_cfg = env_config_with_size(cfg)
     env = make_env(env_cfg, render_mode=None)
-    if cfg.poses:
+    posed = PosedFrames(cfg.poses, cfg.layouts_per_episode, dict(cfg.pose_phases)) if cfg.poses else None
+    if posed is not None:
         try:
-            check_posable(env)
+            check_posable(env, posed)
         except DatasetError:
             env.close()
             raise
@@ -321,10 +337,10 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         if cfg.workers == 1 or len(todo) <= 1:
             for seed in todo:
                 on_result(_stage_one(env, root, features, fps, seed, cfg.noise, cfg.vcodec, robot_type, "w0",
-                                     poses=(cfg.poses, cfg.layouts_per_episode, dict(cfg.pose_phases))))
+                                     posed=posed))
         else:
             env.close()
-            _run_workers(cfg, env_cfg, root, features, fps, robot_type, todo, on_result, errors)
+            _run_workers(cfg, env_cfg, root, features, fps, robot_type, todo, on_result, errors, posed)
     finally:
         bar.close()
         env.close()
@@ -335,7 +351,7 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
 
 def _run_workers(cfg: CollectConfig, env_cfg: EnvConfig, root: Path, features: dict, fps: int,
                  robot_type: str | None, todo: list[int], on_result: Callable[[dict], None],
-                 errors: list[str]) -> None:
+                 errors: list[str], posed: PosedFrames | None = None) -> None:
     ctx = mp.get_context("spawn")  # no fork: the parent may hold a GL context
     seeds, results = ctx.Queue(), ctx.Queue()
     n = min(cfg.workers, len(todo))
@@ -345,8 +361,7 @@ def _run_workers(cfg: CollectConfig, env_cfg: EnvConfig, root: Path, features: d
         seeds.put(None)
     env_dict = {"id": env_cfg.id, "kwargs": dict(env_cfg.kwargs)}
     procs = [ctx.Process(target=_worker, args=(i, env_dict, str(root), features, fps, cfg.noise, cfg.vcodec,
-                                                robot_type, seeds, results,
-                                                (cfg.poses, cfg.layouts_per_episode, dict(cfg.pose_phases))),
+                                                robot_type, seeds, results, posed),
                          daemon=True) for i in range(n)]
     for p in procs:
         p.start()
