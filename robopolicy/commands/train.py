@@ -37,11 +37,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (DatasetError, PolicyError, TrainError, EncoderError, LanguageError) as exc:
         print(f"robopolicy train: {exc}")
         return 1
-    first = result.first_losses.get("total", float("nan"))
-    last = result.last_losses.get("total", float("nan"))
+
+    def loss(values: dict) -> str:  # none when a resumed run had no step left to take
+        return f"{values['total']:.4f}" if "total" in values else "—"
+
+    first, last = loss(result.first_losses), loss(result.last_losses)
     print(f"\n| run | steps | loss first → last | samples/s | feature cache |")
     print("|-----|-------|-------------------|-----------|---------------|")
-    print(f"| {cfg.name} | {result.steps} | {first:.4f} → {last:.4f} | {result.samples_per_s:.0f} | "
+    print(f"| {cfg.name} | {result.steps} | {first} → {last} | {result.samples_per_s:.0f} | "
           f"{'yes' if result.used_feature_cache else 'no'} ({result.feature_seconds:.1f} s) |")
     print(f"\ncheckpoint: {result.final}\nloss curves: {result.out / 'losses.png'}")
     return 0
