@@ -360,6 +360,16 @@ def test_pose_phase_weights_choose_the_phases():
     for _ in range(5):
         _, info = env.pose(rng, only_carry)
         assert np.linalg.norm(info["goal_grip"][:3]) < 0.005
+    # poses of one layout follow each other without a reset: each starts from the layout, so a
+    # cube carried in one pose is back in its place for the next
+    env.reset(seed=4)
+    for _ in range(3):
+        _, info = env.pose(rng, only_carry)
+        assert np.linalg.norm(info["cube_pos"][info["goal_cube"]] - start) > 0.01
+        _, info = env.pose(rng, {"start": 1.0, "free": 0.0, "approach": 0.0, "carry": 0.0, "placed": 0.0})
+        assert np.allclose(info["cube_pos"][info["goal_cube"]], start)
+    with pytest.raises(RuntimeError, match="reset"):
+        ArmPickPlaceEnv(use_cameras=False).pose(rng)
     with pytest.raises(ValueError, match="unknown"):
         env.pose(rng, {"hover": 1.0})
     with pytest.raises(ValueError, match="positive sum"):

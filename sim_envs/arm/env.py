@@ -159,6 +159,7 @@ class ArmEnv(gymnasium.Env):
         self._return = 0.0
         self._first_success = -1
         self._roll_hold = 0.0
+        self._layout_qpos: np.ndarray | None = None
         self.cube_colors: tuple[str, ...] = ()
         self.target_colors: tuple[str, ...] = ()
         self.goal_cube = -1
@@ -313,6 +314,7 @@ class ArmEnv(gymnasium.Env):
         self._roll_hold = float(q[4])
         self._sample_task(rng)
         mujoco.mj_forward(m, d)
+        self._layout_qpos = d.qpos.copy()  # what pose() starts every pose from
         self._steps = 0
         self._success_count = 0
         self._return = 0.0
@@ -371,12 +373,15 @@ class ArmEnv(gymnasium.Env):
 
         For perception training data: a frame of a new pose costs a render, not an oracle
         episode, so a locator can see many more layouts and arm poses than demonstrations
-        hold. Call after :meth:`reset` (which samples the layout); the layout's other objects
-        stay put. No physics runs: the scene is not stepped and is not meant to be (call
+        hold. Call after :meth:`reset` (which samples the layout); every pose starts from that
+        layout (a cube carried in one pose is back in its place for the next), and the objects a
+        pose does not handle stay put. No physics runs: the scene is not stepped and is not meant to be (call
         :meth:`reset` before stepping again). Which poses are drawn is the task's
         (:meth:`_sample_pose`; ``phases``: weights of its phases by name, over the task's
         defaults in :attr:`POSE_PHASES`); the base class draws a free tool-centre point.
         """
+        if self._layout_qpos is None:
+            raise RuntimeError("pose() needs a layout: call reset() first")
         rng = self.np_random if rng is None else rng
         weights = dict(self.POSE_PHASES)
         unknown = sorted(set(phases or {}) - set(weights))
@@ -387,8 +392,9 @@ class ArmEnv(gymnasium.Env):
             raise ValueError(f"pose phase weights must be >= 0 with a positive sum, got {weights}")
         names = list(weights)
         p = np.asarray([weights[n] for n in names], dtype=float)
-        q, grip = self._sample_pose(rng, names[int(rng.choice(len(names), p=p / p.sum()))])
         d = self.data
+        d.qpos[:] = self._layout_qpos  # each pose starts from the layout, not from the previous pose
+        q, grip = self._sample_pose(rng, names[int(rng.choice(len(names), p=p / p.sum()))])
         d.qpos[self._arm_qadr] = q
         d.qpos[self._finger_qadr] = grip * so101.GRIP_M_PER_RAD
         d.qvel[:] = 0.0
