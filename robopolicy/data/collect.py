@@ -310,7 +310,7 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         create_dataset(root, features, fps, robot_type)
         done_seeds = set()
     todo = [cfg.seed + i for i in range(cfg.episodes) if cfg.seed + i not in done_seeds]
-    what = (f"{cfg.layouts_per_episode} layouts x {cfg.poses} posed frames each" if cfg.poses
+    what = (f"{posed.layouts} layouts x {posed.poses} posed frames each" if posed is not None
             else f"noise {cfg.noise}")
     log(f"[collect] {env_cfg.label()}: {len(todo)} episode(s) to record ({len(done_seeds)} already in {root}), "
         f"{cfg.workers} worker(s), {what}")
@@ -329,7 +329,7 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         successes += int(result["success"])
         committed += 1
         elapsed = time.perf_counter() - t0
-        shown = {} if cfg.poses else {"success": f"{successes}/{committed}"}
+        shown = {} if posed is not None else {"success": f"{successes}/{committed}"}
         bar.set_postfix(**shown, fps=f"{frames / max(elapsed, 1e-9):.0f}")
         bar.update(1)
 
@@ -346,7 +346,7 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         env.close()
     seconds = time.perf_counter() - t0
     return CollectSummary(committed, frames, successes, seconds, int(read_info(root)["total_episodes"]), errors,
-                          posed=cfg.poses > 0)
+                          posed=posed is not None)
 
 
 def _run_workers(cfg: CollectConfig, env_cfg: EnvConfig, root: Path, features: dict, fps: int,
