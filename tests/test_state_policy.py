@@ -150,18 +150,24 @@ def _tiny_locator(path: Path, label: str) -> Path:
     return Policy(cfg, {"action": entry(6), "observation.state": entry(6), label: entry(6)}).save(path)
 
 
-def test_a_locator_turns_the_trained_actor_into_a_policy_that_runs_from_cameras(state_dataset, tmp_path):
+@pytest.fixture(scope="module")
+def modular(state_dataset, tmp_path_factory):
+    """``train`` with ``locator``: an actor on ``label.goal_rel`` composed with a tiny locator."""
+    tmp = tmp_path_factory.mktemp("modular")
+    cfg = state_cfg(state_dataset, tmp / "actor")
+    cfg.data.features.env_state = "label.goal_rel"
+    cfg.locator = str(_tiny_locator(tmp / "locator", "label.goal_rel"))
+    return train(cfg, log=lambda m: None)
+
+
+def test_a_locator_turns_the_trained_actor_into_a_policy_that_runs_from_cameras(modular, state_dataset, tmp_path):
     """train with `locator`: the final checkpoint is a ModularPolicy that evaluation runs on an env
     with cameras and without the privileged scene state; a locator of another label is refused."""
     from robopolicy.models.modular import ModularPolicy
     from robopolicy.refine.residual import load_any_policy
     from robopolicy.train.trainer import TrainError
 
-    locator = _tiny_locator(tmp_path / "locator", "label.goal_rel")
-    cfg = state_cfg(state_dataset, tmp_path / "actor")
-    cfg.data.features.env_state = "label.goal_rel"
-    cfg.locator = str(locator)
-    result = train(cfg, log=lambda m: None)
+    result = modular
     policy = load_any_policy(result.final)
     assert isinstance(policy, ModularPolicy) and policy.actor.config.env_state_dim == 6
     assert observation_needs(policy) == (True, False)
@@ -183,3 +189,36 @@ def test_a_locator_turns_the_trained_actor_into_a_policy_that_runs_from_cameras(
     cfg.locator = str(_tiny_locator(tmp_path / "locator_pos", "label.goal_pos"))
     with pytest.raises(TrainError, match="estimates 'label.goal_pos'"):
         train(cfg, log=lambda m: None)
+
+
+def test_dagger_relabels_a_modular_policys_locator_with_the_envs_scene_label(modular, trained, tmp_path):
+    """DAgger on a perceive-then-act base trains the locator's locate head on the env's scene label
+    at the visited states; the actor stays as it was; the result is a modular checkpoint."""
+    from robopolicy.models.modular import ModularPolicy
+    from robopolicy.refine import dagger
+
+    base = ModularPolicy.load(modular.final)
+    cfg = dagger.DAggerConfig(env=EnvConfig(PP, {"max_steps": 8}), base=str(modular.final), iterations=1,
+                              steps_per_iteration=10, num_envs=1, filter=[], finetune_steps=4, batch_size=4,
+                              lr=1e-2, eval_episodes=1, eval_envs=1, out_dir=str(tmp_path / "dagger"), progress=False)
+    frames = dagger.collect(base, cfg, 0.5, np.random.default_rng(0), None, "label.goal_rel")
+    scene = np.stack([f["scene"] for f in frames])
+    assert scene.shape == (len(frames), 6) and len(frames) >= 10
+    assert np.isfinite(scene).all() and np.ptp(scene[:, :3], axis=0).max() > 1e-3  # the arm moved: labels differ
+    batch = dagger.make_batch(frames[:3], base.locator, "label.goal_rel")
+    assert batch["label.goal_rel"].shape == (3, 6) and "action" not in batch
+
+    summary = dagger.train(cfg, log=lambda m: None)
+    assert summary["learner"] == "locator" and summary["kept_states"] >= 10
+    after = ModularPolicy.load(summary["checkpoint"])
+    head = lambda p: torch.cat([q.flatten() for q in p.locator.aux["locate"].parameters()])  # noqa: E731
+    actor = lambda p: torch.cat([q.flatten() for q in p.actor.parameters()])  # noqa: E731
+    assert not torch.equal(head(after), head(base))
+    assert torch.equal(actor(after), actor(base))
+
+    with pytest.raises(PolicyError, match="modular"):
+        dagger.resolve_learner(Policy.load(trained.final), "locator")
+    with pytest.raises(PolicyError, match="learner: locator"):
+        dagger.resolve_learner(base, "policy")
+    with pytest.raises(ValueError, match="dagger.learner"):
+        dagger.DAggerConfig(learner="actor")

@@ -12,6 +12,13 @@ Labels: a waypoint policy learns the oracle's ``(K, 3)`` waypoints of the state;
 learns the oracle's clean actions at the next ``H`` visited steps (the chunk it should have
 predicted along this trajectory), padded at the episode end.
 
+Perceive-then-act policies (a :class:`~robopolicy.models.modular.ModularPolicy` base,
+``learner: locator``): the same loop relabels perception instead. At every visited state the env's
+privileged scene label (the locator's ``locate_label``, e.g. ``label.goal_grip``: the named cube
+from the gripper, the bowl) is the target of the locator's locate loss; the actor stays frozen.
+This teaches the locator the states its own estimates lead the arm into, which labelled frames
+recorded from the oracle or from random poses rarely show.
+
 Filter (``filter`` list): ``target_lost`` (the target is out of sight and out of range: not
 recoverable from here), ``near_collision`` (a person already within collision range: the
 oracle cannot avoid it), ``pre_failure`` (the last ``pre_failure_steps`` states before an
@@ -31,6 +38,7 @@ import numpy as np
 import torch
 
 from robopolicy.envs import EnvConfig
+from robopolicy.models.policy import PolicyError
 from robopolicy.refine.common import ENV_STATE, LABEL_FLAGS, Curve, EvalResult, evaluate_success, make_vector_envs
 
 FILTERS = (*LABEL_FLAGS, "pre_failure")
@@ -61,6 +69,10 @@ class DAggerConfig:
     """Target key of ``original`` (``oracle.waypoints`` for a waypoint policy)."""
     original_fraction: float = 0.5
     """Share of each fine-tuning batch drawn from ``original``."""
+    learner: str = "auto"
+    """What the labels train: ``policy`` (its actions, from the oracle) or ``locator`` (a modular
+    base's locator, from the env's scene label; the actor is frozen). ``auto``: ``locator`` for a
+    modular base, else ``policy``."""
     finetune_steps: int = 200
     batch_size: int = 32
     lr: float = 3e-5
@@ -78,6 +90,31 @@ class DAggerConfig:
         bad = [f for f in self.filter if f not in FILTERS]
         if bad:
             raise ValueError(f"dagger.filter: unknown {bad} (choose from {list(FILTERS)})")
+        if self.learner not in LEARNERS:
+            raise ValueError(f"dagger.learner: {self.learner!r} is not one of {list(LEARNERS)}")
+
+
+LEARNERS = ("auto", "policy", "locator")
+
+
+def resolve_learner(policy, learner: str):
+    """``(trainee, scene_label)``: the module the labels train and, for a locator, the label it
+    estimates (``None`` for a policy learning actions)."""
+    from robopolicy.models.modular import ModularPolicy
+    from robopolicy.models.policy import Policy
+
+    modular = isinstance(policy, ModularPolicy)
+    if not modular and not isinstance(policy, Policy):
+        raise PolicyError(f"dagger: cannot relabel a {type(policy).__name__}; give a policy or a modular "
+                          f"checkpoint as the base")
+    if learner == "locator" and not modular:
+        raise PolicyError("dagger.learner: locator needs a perceive-then-act (modular) base checkpoint")
+    if learner == "policy" and modular:
+        raise PolicyError("dagger.learner: policy cannot train a modular base's actions through its locator's "
+                          "estimates; use learner: locator, or refine the actor checkpoint alone")
+    if modular:
+        return policy.locator, policy.locator.config.locate_label
+    return policy, None
 
 
 def policy_actor(policy, steps_per_chunk: int | None, waypoints: bool):
@@ -112,16 +149,22 @@ def policy_actor(policy, steps_per_chunk: int | None, waypoints: bool):
     return act, reset
 
 
-def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, waypoints: int | None):
+def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, waypoints: int | None,
+            scene_label: str | None = None):
     """Roll out the beta-mixture for ``steps_per_iteration`` steps; returns the visited frames with
-    oracle labels and filter flags (episodes in progress at the end are kept, unflagged)."""
+    oracle labels and filter flags (episodes in progress at the end are kept, unflagged), and with
+    ``scene_label``'s value from the env's info under ``"scene"``."""
     act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
     envs = make_vector_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints)
     n = cfg.num_envs
+    scene_key = scene_label.removeprefix("label.") if scene_label else None
     episodes: list[list[dict]] = [[] for _ in range(n)]
     frames: list[dict] = []
     try:
         obs, info = envs.reset(seed=[int(rng.integers(1 << 30)) + i for i in range(n)])
+        if scene_key and scene_key not in info:
+            raise PolicyError(f"dagger: the env reports no {scene_key!r} in its info, so it cannot label the "
+                              f"locator's {scene_label!r}")
         reset(list(range(n)))
         steps = 0
         while steps < cfg.steps_per_iteration:
@@ -133,7 +176,8 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
                 episodes[i].append({"obs": {k: np.array(v[i]) if k != "task" else str(v[i]) for k, v in obs.items()},
                                     "label": np.array(info["oracle_label"][i]),
                                     "waypoints": np.array(label[i]) if waypoints is not None else None,
-                                    "flags": np.array(info["label_flags"][i])})
+                                    "flags": np.array(info["label_flags"][i]),
+                                    "scene": np.array(info[scene_key][i]) if scene_key else None})
             obs, _r, term, trunc, info = envs.step(action)
             steps += n
             done = np.logical_or(term, trunc)
@@ -180,10 +224,11 @@ def keep(frame: dict, filters: list[str]) -> bool:
     return not ("pre_failure" in filters and frame.get("pre_failure", False))
 
 
-def make_batch(frames: list[dict], policy) -> dict:
+def make_batch(frames: list[dict], policy, scene_label: str | None = None) -> dict:
     """Aggregated frames → a loader-style batch for ``policy.losses``: the observation at the
     policy's context strides (frames before the episode start repeat the first one, flagged as
-    padding, as the training loader does)."""
+    padding, as the training loader does), and the target: the action chunk or waypoints, or with
+    ``scene_label`` that label ``(B, D)`` (a locator's)."""
     strides = list(policy.config.context_strides)
     ctx = [[f.get("episode", [f])[max(f.get("index", 0) - s, 0)] for s in strides] for f in frames]
     out: dict = {"task": [f["obs"]["task"] for f in frames]}
@@ -195,7 +240,9 @@ def make_batch(frames: list[dict], policy) -> dict:
         elif key == ENV_STATE and policy.config.env_state_dim:  # read at t, as the trainer loads it
             out[key] = torch.from_numpy(np.stack([f["obs"][key] for f in frames]).astype(np.float32))
     out["observation_is_pad"] = torch.tensor([[f.get("index", 0) - s < 0 for s in strides] for f in frames])
-    if policy.output == "waypoints":
+    if scene_label is not None:
+        out[scene_label] = torch.from_numpy(np.stack([f["scene"] for f in frames]).astype(np.float32))
+    elif policy.output == "waypoints":
         out["action"] = torch.from_numpy(np.stack([f["waypoints"] for f in frames]).astype(np.float32))[:, None]
     else:
         h = policy.config.horizon
@@ -211,19 +258,21 @@ def make_batch(frames: list[dict], policy) -> dict:
     return out
 
 
-def original_dataset(cfg: DAggerConfig, policy):
-    """The base's training data as a loader dataset (``None`` when ``cfg.original`` is empty)."""
+def original_dataset(cfg: DAggerConfig, policy, scene_label: str | None = None):
+    """The base's training data as a loader dataset (``None`` when ``cfg.original`` is empty); with
+    ``scene_label`` (a locator's), that label is loaded too."""
     if not cfg.original:
         return None
     from robopolicy.data.loader import TrainingDataset
 
     waypoints = policy.output == "waypoints"
+    labels = [ENV_STATE] if policy.config.env_state_dim else []
     return TrainingDataset(cfg.original, cameras=policy.cameras,
                            state_key="observation.state" if policy.config.use_state else None,
-                           labels=[ENV_STATE] if policy.config.env_state_dim else [],
+                           labels=labels + ([scene_label] if scene_label else []),
                            action_key=cfg.original_action, context_strides=policy.config.context_strides,
-                           horizon=1 if waypoints else policy.config.horizon, episodes=cfg.original_episodes,
-                           progress=False)
+                           horizon=1 if waypoints or scene_label else policy.config.horizon,
+                           episodes=cfg.original_episodes, progress=False)
 
 
 def _mix(batch: dict, original, n: int, rng: random.Random) -> dict:
@@ -238,18 +287,20 @@ def _mix(batch: dict, original, n: int, rng: random.Random) -> dict:
     return out
 
 
-def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, original=None) -> float:
-    """A few imitation steps on the aggregate; returns the mean loss of the last 20 steps."""
+def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, original=None,
+             scene_label: str | None = None) -> float:
+    """A few imitation steps on the aggregate (the locate loss on ``scene_label`` when given, else
+    the action loss); returns the mean loss of the last 20 steps."""
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     policy.train()
     losses = []
     n_orig = int(round(cfg.batch_size * cfg.original_fraction)) if original is not None else 0
     for _ in range(cfg.finetune_steps):
-        batch = make_batch(rng.sample(data, min(cfg.batch_size - n_orig, len(data))), policy)
+        batch = make_batch(rng.sample(data, min(cfg.batch_size - n_orig, len(data))), policy, scene_label)
         if n_orig:
             batch = _mix(batch, original, n_orig, rng)
-        loss = policy.losses(batch, {"action": 1.0})["total"]
+        loss = policy.losses(batch, {"locate" if scene_label else "action": 1.0})["total"]
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -266,13 +317,14 @@ def evaluate(policy, cfg: DAggerConfig, waypoints: int | None) -> EvalResult:
 
 def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) -> dict:
     """Run DAgger; returns a summary and saves the refined policy under ``out_dir/final``."""
-    from robopolicy.models.policy import Policy
+    from robopolicy.refine.residual import load_any_policy
 
     torch.manual_seed(cfg.seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     rng, prng = np.random.default_rng(cfg.seed), random.Random(cfg.seed)
-    policy = policy or Policy.load(cfg.base)
+    policy = policy or load_any_policy(cfg.base)
+    trainee, scene_label = resolve_learner(policy, cfg.learner)
     waypoints = policy.horizon if policy.output == "waypoints" else None
     out = Path(cfg.out_dir)
     curve = Curve(out, "curve")
@@ -280,17 +332,17 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     before = evaluate(policy, cfg, waypoints)
     curve.add(0, before.success, **before.metrics)
     log(f"[dagger] before: success {before.success:.1%} {before.metrics}")
-    original = original_dataset(cfg, policy)
+    original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
     env_steps, dropped = 0, 0
     for it in range(cfg.iterations):
         beta = cfg.beta0 * cfg.beta_decay**it
-        frames = collect(policy, cfg, beta, rng, waypoints)
+        frames = collect(policy, cfg, beta, rng, waypoints, scene_label)
         env_steps += len(frames)
         kept = [f for f in frames if keep(f, cfg.filter)]
         dropped += len(frames) - len(kept)
         data += kept
-        loss = finetune(policy, data, cfg, prng, original) if data else float("nan")
+        loss = finetune(trainee, data, cfg, prng, original, scene_label) if data else float("nan")
         res = evaluate(policy, cfg, waypoints)
         curve.add(env_steps, res.success, **res.metrics)
         log(f"[dagger] iteration {it}: beta {beta:.2f}, kept {len(kept)}/{len(frames)} states, aggregate {len(data)}, "
@@ -299,6 +351,6 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
                "env_steps": env_steps, "dropped_states": dropped, "kept_states": len(data),
-               "filter": list(cfg.filter), "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
+               "filter": list(cfg.filter), "learner": scene_label and "locator" or "policy", "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
