@@ -210,6 +210,9 @@ def test_dagger_relabels_a_modular_policys_locator_with_the_envs_scene_label(mod
 
     summary = dagger.train(cfg, log=lambda m: None)
     assert summary["learner"] == "locator" and summary["kept_states"] >= 10
+    assert (summary["best"] is None) == (summary["best_checkpoint"] is None)  # saved only when it beat the base
+    if summary["best_checkpoint"]:
+        assert ModularPolicy.load(summary["best_checkpoint"]) is not None
     after = ModularPolicy.load(summary["checkpoint"])
     head = lambda p: torch.cat([q.flatten() for q in p.locator.aux["locate"].parameters()])  # noqa: E731
     actor = lambda p: torch.cat([q.flatten() for q in p.actor.parameters()])  # noqa: E731

@@ -78,6 +78,8 @@ def cmd_refine(args: argparse.Namespace) -> int:
             s = dagger.train(cfg)
             rows = [("base", s["before"], s["before_metrics"]),
                     (f"after DAgger (filter {s['filter'] or 'off'})", s["after"], s["after_metrics"])]
+            if s.get("best") is not None and s["best"] > s["after"]:
+                rows.append((f"best evaluation ({s['best_env_steps']} env steps; {s['best_checkpoint']})", s["best"]))
             extra = f"states kept {s['kept_states']}, dropped by the filter {s['dropped_states']}"
         else:
             from robopolicy.refine import rpd

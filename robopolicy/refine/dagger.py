@@ -288,9 +288,9 @@ def _mix(batch: dict, original, n: int, rng: random.Random) -> dict:
 
 
 def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, original=None,
-             scene_label: str | None = None) -> float:
+             scene_label: str | None = None, bar=None) -> float:
     """A few imitation steps on the aggregate (the locate loss on ``scene_label`` when given, else
-    the action loss); returns the mean loss of the last 20 steps."""
+    the action loss); returns the mean loss of the last 20 steps. ``bar``: a tqdm bar to advance."""
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     policy.train()
@@ -306,6 +306,9 @@ def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, or
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(loss.item())
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     policy.eval()
     return float(np.mean(losses[-20:])) if losses else float("nan")
 
@@ -316,7 +319,10 @@ def evaluate(policy, cfg: DAggerConfig, waypoints: int | None) -> EvalResult:
 
 
 def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) -> dict:
-    """Run DAgger; returns a summary and saves the refined policy under ``out_dir/final``."""
+    """Run DAgger; returns a summary and saves the refined policy under ``out_dir/final`` (the
+    last iteration's) and ``out_dir/best`` (the best evaluated, when it beats the base)."""
+    from tqdm.auto import tqdm
+
     from robopolicy.refine.residual import load_any_policy
 
     torch.manual_seed(cfg.seed)
@@ -335,22 +341,34 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
     env_steps, dropped = 0, 0
+    best = (before.success, None)
+    bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
         beta = cfg.beta0 * cfg.beta_decay**it
+        bar.set_description(f"iteration {it}: rolling out")
         frames = collect(policy, cfg, beta, rng, waypoints, scene_label)
         env_steps += len(frames)
         kept = [f for f in frames if keep(f, cfg.filter)]
         dropped += len(frames) - len(kept)
         data += kept
-        loss = finetune(trainee, data, cfg, prng, original, scene_label) if data else float("nan")
+        bar.set_description(f"iteration {it}: fine-tuning")
+        loss = finetune(trainee, data, cfg, prng, original, scene_label, bar) if data else float("nan")
+        bar.set_description(f"iteration {it}: evaluating")
         res = evaluate(policy, cfg, waypoints)
         curve.add(env_steps, res.success, **res.metrics)
+        if res.success > best[0]:
+            best = (res.success, env_steps)
+            policy.save(out / "best")
         log(f"[dagger] iteration {it}: beta {beta:.2f}, kept {len(kept)}/{len(frames)} states, aggregate {len(data)}, "
             f"loss {loss:.4f}, success {res.success:.1%} {res.metrics}")
+    bar.close()
     policy.save(out / "final")
     summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
                "env_steps": env_steps, "dropped_states": dropped, "kept_states": len(data),
-               "filter": list(cfg.filter), "learner": scene_label and "locator" or "policy", "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
+               "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
+               "best": best[0] if best[1] is not None else None, "best_env_steps": best[1],
+               "best_checkpoint": str(out / "best") if best[1] is not None else None,
+               "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
