@@ -359,8 +359,10 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         if res.success > best[0]:
             best = (res.success, env_steps)
             policy.save(out / "best")
+        bar.clear()  # the line goes above the bar, not into it
         log(f"[dagger] iteration {it}: beta {beta:.2f}, kept {len(kept)}/{len(frames)} states, aggregate {len(data)}, "
             f"loss {loss:.4f}, success {res.success:.1%} {res.metrics}")
+        bar.refresh()
     bar.close()
     policy.save(out / "final")
     summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
