@@ -225,3 +225,7 @@ def test_dagger_relabels_a_modular_policys_locator_with_the_envs_scene_label(mod
         dagger.resolve_learner(base, "policy")
     with pytest.raises(ValueError, match="dagger.learner"):
         dagger.DAggerConfig(learner="actor")
+    with pytest.raises(PolicyError, match="cannot relabel a Linear"):
+        dagger.resolve_learner(torch.nn.Linear(2, 2), "auto")
+    with pytest.raises(PolicyError, match="no 'nope' in its info"):
+        dagger.collect(base, cfg, 0.0, np.random.default_rng(0), None, "label.nope")
