@@ -168,16 +168,13 @@ class PosedFrames:
 def check_posable(env: Any, posed: PosedFrames) -> None:
     """Posed frames need the env's ``pose()``, absolute joint actions (a pose's action holds it)
     and phase weights the env knows; raises :class:`DatasetError` before anything is written."""
-    import numpy as np
-
     base = getattr(env, "unwrapped", env)
     if not callable(getattr(base, "pose", None)):
         raise DatasetError(f"{type(base).__name__} has no pose(): posed frames (poses > 0) are for the arm tasks")
     if getattr(base, "action_mode", "joint") != "joint":
         raise DatasetError("posed frames need action_mode=joint (a pose's action is its joint targets)")
-    env.reset(seed=POSED_SEED_BASE)
     try:
-        base.pose(np.random.default_rng(0), posed.phases or None)
+        base.pose_weights(posed.phases or None)
     except ValueError as exc:
         raise DatasetError(f"pose_phases: {exc}") from None
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from robopolicy.envs import EnvConfig
-from robopolicy.models.policy import PolicyError
+from robopolicy.models.policy import Policy, PolicyError
 from robopolicy.refine.common import ENV_STATE, LABEL_FLAGS, Curve, EvalResult, evaluate_success, make_vector_envs
 
 FILTERS = (*LABEL_FLAGS, "pre_failure")
@@ -101,7 +101,6 @@ def resolve_learner(policy, learner: str):
     """``(trainee, scene_label)``: the module the labels train and, for a locator, the label it
     estimates (``None`` for a policy learning actions)."""
     from robopolicy.models.modular import ModularPolicy
-    from robopolicy.models.policy import Policy
 
     modular = isinstance(policy, ModularPolicy)
     if not modular and not isinstance(policy, Policy):

@@ -298,6 +298,10 @@ class ArmEnv(gymnasium.Env):
         info["goal_grip"] = np.concatenate([obj - info["ee_pos"], target]).astype(np.float32)
         return info
 
+    def _start_joints(self, rng) -> np.ndarray:
+        """The arm's joint angles at reset: home with a little noise, within the joint limits."""
+        return np.clip(self._home + rng.normal(0.0, 0.03, size=5), so101.JOINT_LOW[:5], so101.JOINT_HIGH[:5])
+
     # -- gymnasium API ------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -305,8 +309,7 @@ class ArmEnv(gymnasium.Env):
         rng = self.np_random
         m, d = self.model, self.data
         mujoco.mj_resetData(m, d)
-        q = self._home + rng.normal(0.0, 0.03, size=5)
-        q = np.clip(q, so101.JOINT_LOW[:5], so101.JOINT_HIGH[:5])
+        q = self._start_joints(rng)
         d.qpos[self._arm_qadr] = q
         d.qpos[self._finger_qadr] = so101.FINGER_TRAVEL
         d.ctrl[:5] = q
@@ -383,18 +386,10 @@ class ArmEnv(gymnasium.Env):
         if self._layout_qpos is None:
             raise RuntimeError("pose() needs a layout: call reset() first")
         rng = self.np_random if rng is None else rng
-        weights = dict(self.POSE_PHASES)
-        unknown = sorted(set(phases or {}) - set(weights))
-        if unknown:
-            raise ValueError(f"pose phases {unknown} unknown to {type(self).__name__} (it has {sorted(weights)})")
-        weights.update(phases or {})
-        if any(not np.isfinite(w) or w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
-            raise ValueError(f"pose phase weights must be >= 0 with a positive sum, got {weights}")
-        names = list(weights)
-        p = np.asarray([weights[n] for n in names], dtype=float)
+        names, p = self.pose_weights(phases)
         d = self.data
         d.qpos[:] = self._layout_qpos  # each pose starts from the layout, not from the previous pose
-        q, grip = self._sample_pose(rng, names[int(rng.choice(len(names), p=p / p.sum()))])
+        q, grip = self._sample_pose(rng, names[int(rng.choice(len(names), p=p))])
         d.qpos[self._arm_qadr] = q
         d.qpos[self._finger_qadr] = grip * so101.GRIP_M_PER_RAD
         d.qvel[:] = 0.0
@@ -416,6 +411,21 @@ class ArmEnv(gymnasium.Env):
         return q
 
     POSE_PHASES = {"free": 1.0}
+
+    @classmethod
+    def pose_weights(cls, phases: dict[str, float] | None = None) -> tuple[list[str], np.ndarray]:
+        """The phase names of :meth:`pose` and their probabilities: :attr:`POSE_PHASES` with
+        ``phases`` over them. Unknown names or weights that are negative, not finite or all zero
+        raise ``ValueError``."""
+        weights = dict(cls.POSE_PHASES)
+        unknown = sorted(set(phases or {}) - set(weights))
+        if unknown:
+            raise ValueError(f"pose phases {unknown} unknown to {cls.__name__} (it has {sorted(weights)})")
+        weights.update(phases or {})
+        if any(not np.isfinite(w) or w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise ValueError(f"pose phase weights must be >= 0 with a positive sum, got {weights}")
+        p = np.asarray(list(weights.values()), dtype=float)
+        return list(weights), p / p.sum()
 
     def _sample_pose(self, rng, phase: str) -> tuple[np.ndarray, float]:
         """(arm joint angles (5,), gripper angle) of a random pose of ``phase``; may move the
@@ -619,8 +629,7 @@ class ArmPickPlaceEnv(ArmEnv):
         if phase == "free":
             return ArmEnv._sample_pose(self, rng, phase)
         if phase == "start":
-            q = np.clip(self._home + rng.normal(0.0, 0.03, size=5), so101.JOINT_LOW[:5], so101.JOINT_HIGH[:5])
-            return q, open_max
+            return self._start_joints(rng), open_max
         if phase == "transit":
             home, _ = self.ik.fk(self._home)
             t = rng.uniform(0.0, 1.0)
