@@ -198,8 +198,8 @@ def test_dagger_relabels_a_modular_policys_locator_with_the_envs_scene_label(mod
     from robopolicy.refine import dagger
 
     base = ModularPolicy.load(modular.final)
-    cfg = dagger.DAggerConfig(env=EnvConfig(PP, {"max_steps": 8}), base=str(modular.final), iterations=1,
-                              steps_per_iteration=10, num_envs=1, filter=[], finetune_steps=4, batch_size=4,
+    cfg = dagger.DAggerConfig(env=EnvConfig(PP, {"max_steps": 8}), base=str(modular.final), iterations=2,
+                              steps_per_iteration=10, num_envs=1, filter=[], max_states=12, finetune_steps=4, batch_size=4,
                               lr=1e-2, eval_episodes=1, eval_envs=1, out_dir=str(tmp_path / "dagger"), progress=False)
     frames = dagger.collect(base, cfg, 0.5, np.random.default_rng(0), None, "label.goal_rel")
     scene = np.stack([f["scene"] for f in frames])
@@ -209,7 +209,8 @@ def test_dagger_relabels_a_modular_policys_locator_with_the_envs_scene_label(mod
     assert batch["label.goal_rel"].shape == (3, 6) and "action" not in batch
 
     summary = dagger.train(cfg, log=lambda m: None)
-    assert summary["learner"] == "locator" and summary["kept_states"] >= 10
+    assert summary["learner"] == "locator" and summary["kept_states"] >= 20
+    assert summary["aggregate_states"] == 12  # max_states: only the newest states stay in the aggregate
     assert (summary["best"] is None) == (summary["best_checkpoint"] is None)  # saved only when it beat the base
     if summary["best_checkpoint"]:
         assert ModularPolicy.load(summary["best_checkpoint"]) is not None
@@ -225,6 +226,8 @@ def test_dagger_relabels_a_modular_policys_locator_with_the_envs_scene_label(mod
         dagger.resolve_learner(base, "policy")
     with pytest.raises(ValueError, match="dagger.learner"):
         dagger.DAggerConfig(learner="actor")
+    with pytest.raises(ValueError, match="dagger.max_states"):
+        dagger.DAggerConfig(max_states=-1)
     with pytest.raises(PolicyError, match="cannot relabel a Linear"):
         dagger.resolve_learner(torch.nn.Linear(2, 2), "auto")
     with pytest.raises(PolicyError, match="no 'nope' in its info"):

@@ -69,6 +69,11 @@ class DAggerConfig:
     """Target key of ``original`` (``oracle.waypoints`` for a waypoint policy)."""
     original_fraction: float = 0.5
     """Share of each fine-tuning batch drawn from ``original``."""
+    max_states: int = 0
+    """Keep at most the newest this many labelled states in the aggregate (0: all of them, DAgger as
+    written). With camera observations every state holds its frames (~55 kB at two 96 px cameras),
+    so this bounds memory; it also keeps a fixed number of fine-tuning steps on the states the
+    current policy visits instead of spreading them over every earlier iteration's."""
     learner: str = "auto"
     """What the labels train: ``policy`` (its actions, from the oracle) or ``locator`` (a modular
     base's locator, from the env's scene label; the actor is frozen). ``auto``: ``locator`` for a
@@ -90,6 +95,8 @@ class DAggerConfig:
         bad = [f for f in self.filter if f not in FILTERS]
         if bad:
             raise ValueError(f"dagger.filter: unknown {bad} (choose from {list(FILTERS)})")
+        if self.max_states < 0:
+            raise ValueError(f"dagger.max_states must be >= 0 (0: keep every state), got {self.max_states}")
         if self.learner not in LEARNERS:
             raise ValueError(f"dagger.learner: {self.learner!r} is not one of {list(LEARNERS)}")
 
@@ -339,7 +346,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     log(f"[dagger] before: success {before.success:.1%} {before.metrics}")
     original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
-    env_steps, dropped = 0, 0
+    env_steps, dropped, kept_total = 0, 0, 0
     best = (before.success, None)
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
@@ -349,7 +356,10 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         env_steps += len(frames)
         kept = [f for f in frames if keep(f, cfg.filter)]
         dropped += len(frames) - len(kept)
+        kept_total += len(kept)
         data += kept
+        if cfg.max_states and len(data) > cfg.max_states:
+            data = data[-cfg.max_states:]
         bar.set_description(f"iteration {it}: fine-tuning")
         loss = finetune(trainee, data, cfg, prng, original, scene_label, bar) if data else float("nan")
         bar.set_description(f"iteration {it}: evaluating")
@@ -366,7 +376,8 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     policy.save(out / "final")
     summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
-               "env_steps": env_steps, "dropped_states": dropped, "kept_states": len(data),
+               "env_steps": env_steps, "dropped_states": dropped, "kept_states": kept_total,
+               "aggregate_states": len(data),
                "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
                "best": best[0] if best[1] is not None else None, "best_env_steps": best[1],
                "best_checkpoint": str(out / "best") if best[1] is not None else None,
