@@ -369,7 +369,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
             best = (res.success, env_steps)
             policy.save(out / "best")
         bar.clear()  # the line goes above the bar, not into it
-        log(f"[dagger] iteration {it}: beta {beta:.2f}, kept {len(kept)}/{len(frames)} states, aggregate {len(data)}, "
+        log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states, aggregate {len(data)}, "
             f"loss {loss:.4f}, success {res.success:.1%} {res.metrics}")
         bar.refresh()
     bar.close()
