@@ -346,7 +346,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     log(f"[dagger] before: success {before.success:.1%} {before.metrics}")
     original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
-    env_steps, dropped, kept_total = 0, 0, 0
+    env_steps, dropped = 0, 0
     best = (before.success, None)
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
@@ -356,7 +356,6 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         env_steps += len(frames)
         kept = [f for f in frames if keep(f, cfg.filter)]
         dropped += len(frames) - len(kept)
-        kept_total += len(kept)
         data += kept
         if cfg.max_states and len(data) > cfg.max_states:
             data = data[-cfg.max_states:]
@@ -376,7 +375,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     policy.save(out / "final")
     summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
-               "env_steps": env_steps, "dropped_states": dropped, "kept_states": kept_total,
+               "env_steps": env_steps, "dropped_states": dropped, "kept_states": env_steps - dropped,
                "aggregate_states": len(data),
                "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
                "best": best[0] if best[1] is not None else None, "best_env_steps": best[1],
