@@ -164,6 +164,15 @@ def test_dagger_filter_drops_unreliable_labels():
     before_fail = {"flags": np.array([0.0, 0.0]), "pre_failure": True}
     every = ["target_lost", "near_collision", "pre_failure"]
     assert [dagger.keep(f, every) for f in (frame, lost, crash, before_fail)] == [True, False, False, False]
+    # unrecoverable drops only the pre-failure states the oracle could not have saved either
+    saved = dict(before_fail, unrecoverable=False)
+    doomed = dict(before_fail, unrecoverable=True)
+    probed = ["target_lost", "near_collision", "unrecoverable"]
+    assert [dagger.keep(f, probed) for f in (frame, saved, doomed)] == [True, True, False]
+    assert dagger.flag_counts([frame, lost, saved, doomed]) == {
+        "target_lost": 1, "near_collision": 0, "pre_failure": 2, "unrecoverable": 1}
+    with pytest.raises(ValueError, match="recover_horizon"):
+        dagger.DAggerConfig(recover_horizon=0)
     assert all(dagger.keep(f, []) for f in (frame, lost, crash, before_fail))  # no filter: keep all
     assert dagger.keep(crash, ["target_lost"]) and not dagger.keep(lost, ["target_lost"])
     with pytest.raises(ValueError, match="unknown"):
@@ -178,6 +187,60 @@ def test_dagger_filter_drops_unreliable_labels():
     assert batch["action_is_pad"][2].tolist() == [False] + [True] * 5
     assert float(batch["action"][1, 0, 0]) == 1.0 and float(batch["action"][1, 1, 0]) == 2.0
     assert torch.isfinite(base.losses(batch, {"action": 1.0})["total"])
+
+
+def test_recoverability_probe_flags_only_the_states_the_oracle_cannot_save():
+    """A robot that stands still loses its target; the probe asks, for each of the last states,
+    whether the oracle taking over there would have kept it. Asking must not change the episode."""
+    from robopolicy.refine.common import make_refine_env
+
+    cfg = EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt", "image_size": 32})
+    ends = []
+    for window in (0, 15):
+        env = make_refine_env(cfg, oracle=True, probe_window=window, probe_horizon=20)
+        env.reset(seed=1)
+        for steps in range(1, 300):
+            _, _, term, trunc, info = env.step(np.zeros(2, np.float32))
+            if window and not (term or trunc):
+                assert not info["unrecoverable"].any()  # only a failed episode's end is probed
+            if term or trunc:
+                break
+        assert info["metrics"]["lost"]
+        ends.append((steps, info["robot_pose"].tolist(), info["target_distance"]))
+        env.close()
+    assert ends[0] == ends[1]  # the counterfactual probes leave the episode as it was
+    flags = info["unrecoverable"]
+    assert flags.shape == (15,) and flags[-1] == 1.0 and flags[0] == 0.0  # saved early, doomed late
+    assert np.all(np.diff(flags) >= 0)  # once the oracle cannot save it, later states are lost too
+    with pytest.raises(ValueError, match="oracle_recovers"):
+        make_refine_env(EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False}), oracle=True, probe_window=5)
+
+
+def test_dagger_marks_the_unrecoverable_states_before_each_failure():
+    """Tracking DAgger with a policy that stands still (waypoints at the robot): every episode ends
+    lost; ``unrecoverable`` marks a suffix of its last ``pre_failure_steps`` states."""
+    torch.manual_seed(0)
+    cfg = PolicyConfig(head="waypoints", cameras=["front"], encoders=[EncoderConfig(name="test_resnet", image_size=32)],
+                       grid=2, context_strides=[0], horizon=8, language=LanguageConfig(enabled=False), d_model=32,
+                       n_heads=2, n_layers=1, head_layers=1, action_shape=[8, 3], state_dim=2, frame_size=[32, 32])
+    stats = {k: {s: np.full(shape, v, np.float32) for s, v in
+                 (("mean", 0), ("std", 1e-4), ("min", -1e-4), ("max", 1e-4), ("q01", -1e-4), ("q99", 1e-4))}
+             for k, shape in (("action", (8, 3)), ("observation.state", (2,)))}
+    still = Policy(cfg, stats).eval()
+    dcfg = dagger.DAggerConfig(env=EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt", "image_size": 32}),
+                               steps_per_iteration=130, num_envs=1, pre_failure_steps=10, recover_horizon=20,
+                               filter=["unrecoverable"])
+    frames = dagger.collect(still, dcfg, 0.0, np.random.default_rng(0), 8)
+    ends = [j for j, f in enumerate(frames) if f["index"] == len(f["episode"]) - 1 and f["pre_failure"]]
+    assert len(ends) >= 1  # at least one episode ended lost within 130 steps
+    for end in ends:
+        last = frames[end - 9:end + 1]
+        assert all(f["pre_failure"] for f in last) and not frames[end - 10]["pre_failure"]
+        marks = [f["unrecoverable"] for f in last]
+        assert marks[-1] and marks == sorted(marks)  # doomed at the end, saved before, no going back
+    counts = dagger.flag_counts(frames)
+    assert 0 < counts["unrecoverable"] < counts["pre_failure"]
+    assert sum(dagger.keep(f, dcfg.filter) for f in frames) == len(frames) - counts["unrecoverable"]
 
 
 def test_rpd_bc_term_pulls_the_student_toward_the_teacher(tmp_path):

@@ -80,7 +80,9 @@ def cmd_refine(args: argparse.Namespace) -> int:
                     (f"after DAgger (filter {s['filter'] or 'off'})", s["after"], s["after_metrics"])]
             if s.get("best") is not None and s["best"] > s["after"]:
                 rows.append((f"best evaluation ({s['best_env_steps']} env steps; {s['best_checkpoint']})", s["best"]))
-            extra = f"states kept {s['kept_states']}, dropped by the filter {s['dropped_states']}"
+            flagged = ", ".join(f"{k} {v}" for k, v in s["flagged_states"].items() if v)
+            extra = (f"states kept {s['kept_states']}, dropped by the filter {s['dropped_states']}"
+                     f" (flagged: {flagged or 'none'})")
         else:
             from robopolicy.refine import rpd
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -47,13 +48,26 @@ class RefineEnv(gymnasium.Wrapper):
     - ``privileged``: adds :data:`ENV_STATE` ``(D,)`` to the observation;
     - ``oracle``: puts the privileged oracle's clean label for the *returned* observation in
       ``info["oracle_label"]`` (``(A,)``; ``info["oracle_waypoints"]`` ``(K, 3)`` for tracking)
-      and the label-reliability flags used by DAgger filters in ``info["label_flags"]``.
+      and the label-reliability flags used by DAgger filters in ``info["label_flags"]``;
+    - ``probe_window`` > 0 (with ``oracle``; envs with ``oracle_recovers``, i.e. PersonFollow): when
+      an episode ends in collision or loss, asks for each of its last ``probe_window`` states
+      whether the oracle taking over there would itself fail within ``probe_horizon`` steps, and
+      reports it in the final step's ``info["unrecoverable"]`` ``(probe_window,)`` (1: it would
+      fail; oldest first, the last entry the state the final action was taken in; 0 where the
+      episode was shorter). Only failed episodes pay for the probes.
     """
 
-    def __init__(self, env: gymnasium.Env, reward: str = "sparse", privileged: bool = False, oracle: bool = False):
+    def __init__(self, env: gymnasium.Env, reward: str = "sparse", privileged: bool = False, oracle: bool = False,
+                 probe_window: int = 0, probe_horizon: int = 20):
         super().__init__(env)
         if reward not in ("sparse", "dense"):
             raise ValueError(f"reward must be 'sparse' or 'dense', got {reward!r}")
+        if probe_window and not (oracle and hasattr(env.unwrapped, "oracle_recovers")):
+            raise ValueError(f"probe_window needs oracle=True and an env with oracle_recovers(); "
+                             f"{type(env.unwrapped).__name__} has none")
+        self.probe_window, self.probe_horizon = int(probe_window), int(probe_horizon)
+        self._recent: deque = deque(maxlen=max(self.probe_window, 1))
+        self._info: dict = {}
         self.reward_mode, self.privileged = reward, privileged
         self.oracle = None
         if oracle:
@@ -81,20 +95,36 @@ class RefineEnv(gymnasium.Wrapper):
             if "waypoints" in step.extras:
                 info["oracle_waypoints"] = np.asarray(step.extras["waypoints"], np.float32)
             info["label_flags"] = label_flags(info)
+        self._info = info
         return obs, info
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
+        self._recent.clear()
         return self._decorate(obs, info, first=True)
 
     def step(self, action):
+        if self.probe_window:
+            self._recent.append((self.env.unwrapped.get_state(), self._info))
         obs, reward, terminated, truncated, info = self.env.step(action)
         if self.reward_mode == "sparse":
             reward = float(bool(terminated) and bool(info.get("is_success", False)))
         info = dict(info)
         info["success"] = float(bool(info.get("is_success", False)) and (terminated or truncated))
         obs, info = self._decorate(obs, info, first=False)
+        if self.probe_window:
+            info["unrecoverable"] = self._probe(info) if terminated or truncated else np.zeros(self.probe_window, np.float32)
         return obs, reward, terminated, truncated, info
+
+    def _probe(self, info: dict) -> np.ndarray:
+        """The ``unrecoverable`` flags of the episode's last states (zeros unless it failed)."""
+        out = np.zeros(self.probe_window, np.float32)
+        m = info.get("metrics", {})
+        if m.get("collision") or m.get("lost"):
+            base, recent = self.env.unwrapped, list(self._recent)
+            for j, (state, inf) in enumerate(recent):
+                out[self.probe_window - len(recent) + j] = float(not base.oracle_recovers(inf, self.probe_horizon, state=state))
+        return out
 
 
 LABEL_FLAGS = ("target_lost", "near_collision")
@@ -113,14 +143,15 @@ def label_flags(info: dict) -> np.ndarray:
 
 
 def make_refine_env(env: EnvConfig, reward: str = "sparse", privileged: bool = False, oracle: bool = False,
-                    waypoints: int | None = None) -> gymnasium.Env:
+                    waypoints: int | None = None, probe_window: int = 0, probe_horizon: int = 20) -> gymnasium.Env:
     """One :class:`RefineEnv` (what each vector-env worker unpickles and calls)."""
     inner = make_env(env, render_mode=None)
     if waypoints is not None:
         from sim_envs.person_follow.waypoints import WaypointFollowWrapper
 
         inner = WaypointFollowWrapper(inner, num_waypoints=int(waypoints))
-    return RefineEnv(inner, reward=reward, privileged=privileged, oracle=oracle)
+    return RefineEnv(inner, reward=reward, privileged=privileged, oracle=oracle, probe_window=probe_window,
+                     probe_horizon=probe_horizon)
 
 
 def make_vector_envs(env: EnvConfig, num_envs: int, autoreset: bool = True, **kwargs) -> gymnasium.vector.VectorEnv:

@@ -22,7 +22,11 @@ recorded from the oracle or from random poses rarely show.
 Filter (``filter`` list): ``target_lost`` (the target is out of sight and out of range: not
 recoverable from here), ``near_collision`` (a person already within collision range: the
 oracle cannot avoid it), ``pre_failure`` (the last ``pre_failure_steps`` states before an
-episode that ended in collision or loss: the oracle's labels led there too).
+episode that ended in collision or loss, all of them), ``unrecoverable`` (of those states, the ones
+from which the oracle itself, taking over, collides or loses the target within
+``recover_horizon`` steps: a counterfactual probe in the env, PersonFollow only). ``pre_failure``
+also drops the states just before a failure that the oracle could still have saved, the ones
+whose labels show the recovery; ``unrecoverable`` keeps those.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from robopolicy.envs import EnvConfig
 from robopolicy.models.policy import Policy, PolicyError
 from robopolicy.refine.common import ENV_STATE, LABEL_FLAGS, Curve, EvalResult, evaluate_success, make_vector_envs
 
-FILTERS = (*LABEL_FLAGS, "pre_failure")
+FILTERS = (*LABEL_FLAGS, "pre_failure", "unrecoverable")
 
 
 @dataclass
@@ -57,9 +61,13 @@ class DAggerConfig:
     """Probability that the oracle's action executes in iteration 0 (per step)..."""
     beta_decay: float = 0.5
     """... multiplied by this each iteration (DAgger's beta_i = beta0 * decay^i)."""
-    filter: list[str] = field(default_factory=lambda: list(FILTERS))
+    filter: list[str] = field(default_factory=lambda: [*LABEL_FLAGS, "pre_failure"])
     """Label filters to apply (empty: keep every state)."""
     pre_failure_steps: int = 10
+    """States before a failed episode's end that ``pre_failure`` drops and ``unrecoverable`` probes."""
+    recover_horizon: int = 20
+    """Steps the oracle must drive from a probed state without collision or loss to count as
+    recoverable (``unrecoverable``)."""
     original: str = ""
     """LeRobot dataset the base was trained on: its frames are mixed into every fine-tuning batch
     (DAgger aggregates with the original data); empty: on-policy states only."""
@@ -95,6 +103,9 @@ class DAggerConfig:
         bad = [f for f in self.filter if f not in FILTERS]
         if bad:
             raise ValueError(f"dagger.filter: unknown {bad} (choose from {list(FILTERS)})")
+        if self.pre_failure_steps < 0 or self.recover_horizon < 1:
+            raise ValueError(f"dagger: pre_failure_steps must be >= 0 and recover_horizon >= 1, got "
+                             f"{self.pre_failure_steps} and {self.recover_horizon}")
         if self.max_states < 0:
             raise ValueError(f"dagger.max_states must be >= 0 (0: keep every state), got {self.max_states}")
         if self.learner not in LEARNERS:
@@ -161,7 +172,9 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
     oracle labels and filter flags (episodes in progress at the end are kept, unflagged), and with
     ``scene_label``'s value from the env's info under ``"scene"``."""
     act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
-    envs = make_vector_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints)
+    probe = cfg.pre_failure_steps if "unrecoverable" in cfg.filter else 0
+    envs = make_vector_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints,
+                            probe_window=probe, probe_horizon=cfg.recover_horizon)
     n = cfg.num_envs
     scene_key = scene_label.removeprefix("label.") if scene_label else None
     episodes: list[list[dict]] = [[] for _ in range(n)]
@@ -191,8 +204,11 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
                 final = info["final_info"]
                 for i in np.flatnonzero(done):
                     failed = _failed(final, int(i))
+                    n_ep = len(episodes[i])
                     for j, fr in enumerate(episodes[i]):
-                        fr["pre_failure"] = failed and j >= len(episodes[i]) - cfg.pre_failure_steps
+                        fr["pre_failure"] = failed and j >= n_ep - cfg.pre_failure_steps
+                        fr["unrecoverable"] = bool(probe and j >= n_ep - probe
+                                                   and final["unrecoverable"][i][probe - n_ep + j] > 0)
                     frames += _with_chunks(episodes[i])
                     episodes[i] = []
                 reset([int(i) for i in np.flatnonzero(done)])
@@ -200,7 +216,7 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
         envs.close()
     for ep in episodes:
         for fr in ep:
-            fr["pre_failure"] = False
+            fr["pre_failure"] = fr["unrecoverable"] = False
         frames += _with_chunks(ep)
     return frames
 
@@ -227,7 +243,15 @@ def keep(frame: dict, filters: list[str]) -> bool:
     flags = dict(zip(LABEL_FLAGS, frame["flags"]))
     if any(flags.get(f, 0.0) > 0 for f in filters if f in LABEL_FLAGS):
         return False
-    return not ("pre_failure" in filters and frame.get("pre_failure", False))
+    return not any(f in filters and frame.get(f, False) for f in ("pre_failure", "unrecoverable"))
+
+
+def flag_counts(frames: list[dict]) -> dict[str, int]:
+    """How many of ``frames`` each filter would drop, applied or not (``unrecoverable`` is only
+    known where it was probed)."""
+    counts = {f: sum(bool(fr["flags"][k] > 0) for fr in frames) for k, f in enumerate(LABEL_FLAGS)}
+    counts.update({f: sum(bool(fr.get(f, False)) for fr in frames) for f in ("pre_failure", "unrecoverable")})
+    return counts
 
 
 def make_batch(frames: list[dict], policy, scene_label: str | None = None) -> dict:
@@ -346,7 +370,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     log(f"[dagger] before: success {before.success:.1%} {before.metrics}")
     original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
-    env_steps, dropped = 0, 0
+    env_steps, dropped, flagged = 0, 0, dict.fromkeys(FILTERS, 0)
     best = (before.success, None)
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
@@ -356,6 +380,8 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         env_steps += len(frames)
         kept = [f for f in frames if keep(f, cfg.filter)]
         dropped += len(frames) - len(kept)
+        for f, c in flag_counts(frames).items():
+            flagged[f] += c
         data += kept
         if cfg.max_states and len(data) > cfg.max_states:
             data = data[-cfg.max_states:]
@@ -376,6 +402,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
                "env_steps": env_steps, "dropped_states": dropped, "kept_states": env_steps - dropped,
+               "flagged_states": flagged,
                "aggregate_states": len(data),
                "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
                "best": best[0] if best[1] is not None else None, "best_env_steps": best[1],

@@ -8,6 +8,7 @@ ray-cast visibility check. See ``metrics.py`` for the success / tracking definit
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -310,7 +311,60 @@ class PersonFollowEnv(gymnasium.Env):
         if not self._episode_ready:
             raise RuntimeError("call reset() before step()")
         a = check_action(action, self.action_space)
-        a = np.clip(a, self.action_space.low, self.action_space.high)
+        info = self._advance(np.clip(a, self.action_space.low, self.action_space.high))
+        obs = self._observation()
+        terminated = bool(info["_terminated"])
+        truncated = bool(not terminated and self._steps >= self.max_steps)
+        del info["_terminated"]
+        if terminated or truncated:
+            self._finish(info)
+            self._episode_ready = False
+        return obs, 0.0, terminated, truncated, info
+
+    _DYNAMIC = ("_clock", "_ppos", "_pvel", "_poff", "_robot", "_twist", "_steps", "_lost_counter",
+                "_following_steps", "_contact", "_last_metrics")
+
+    def get_state(self) -> dict:
+        """A copy of everything that changes within an episode (robot, people, counters); the
+        scenario itself is fixed at reset. :meth:`set_state` puts it back."""
+        return {k: copy.deepcopy(getattr(self, k)) for k in self._DYNAMIC}
+
+    def set_state(self, state: dict) -> None:
+        missing = [k for k in self._DYNAMIC if k not in state]
+        if missing:
+            raise ValueError(f"set_state: the state lacks {missing}")
+        for k in self._DYNAMIC:
+            setattr(self, k, copy.deepcopy(state[k]))
+        self._sync_sim()
+
+    def oracle_recovers(self, info: dict, horizon: int, state: dict | None = None) -> bool:
+        """Whether the privileged oracle, taking over from the current state (or from ``state``, a
+        :meth:`get_state` of this episode whose step info is ``info``), avoids collision and loss
+        for the next ``horizon`` steps (or to the episode's end). A counterfactual: the oracle
+        drives without rendering and the env is put back as it was, so the episode continues as
+        if it had not been asked."""
+        from sim_envs.person_follow.oracle import PersonFollowOracle
+
+        saved = self.get_state()
+        if state is not None:
+            self.set_state(state)
+        oracle = PersonFollowOracle(self.action_space, dt=DT)
+        try:
+            for _ in range(int(horizon)):
+                if self._steps >= self.max_steps:
+                    return True
+                info = self._advance(oracle.label({"observation.state": self._twist.copy()}, info).action)
+                if info["metrics"]["collision"] or info["metrics"]["lost"]:
+                    return False
+                if info["_terminated"]:  # the target reached its goal and waits
+                    return True
+            return True
+        finally:
+            self.set_state(saved)
+
+    def _advance(self, a: np.ndarray) -> dict:
+        """One control step of the robot and the people from a clipped twist ``a``; the step's
+        info with ``_terminated`` (no observation is rendered)."""
         v, w = float(a[0]), float(a[1])
         # Robot: unicycle integration with sub-steps; touching an obstacle or wall ends it.
         x, y, th = (float(q) for q in self._robot)
@@ -334,15 +388,7 @@ class PersonFollowEnv(gymnasium.Env):
         self._advance_people()
         self._steps += 1
         self._sync_sim()
-        info = self._evaluate(ended=None)
-        obs = self._observation()
-        terminated = bool(info["_terminated"])
-        truncated = bool(not terminated and self._steps >= self.max_steps)
-        del info["_terminated"]
-        if terminated or truncated:
-            self._finish(info)
-            self._episode_ready = False
-        return obs, 0.0, terminated, truncated, info
+        return self._evaluate(ended=None)
 
     # ------------------------------------------------------------------ dynamics
     def _robot_clearance(self, x: float, y: float) -> float:
