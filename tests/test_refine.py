@@ -158,19 +158,28 @@ def test_gae_and_reward_scale():
 
 
 def test_dagger_filter_drops_unreliable_labels():
-    frame = {"flags": np.array([0.0, 0.0]), "pre_failure": False}
-    lost = {"flags": np.array([1.0, 0.0]), "pre_failure": False}
-    crash = {"flags": np.array([0.0, 1.0]), "pre_failure": False}
-    before_fail = {"flags": np.array([0.0, 0.0]), "pre_failure": True}
+    frame = {"flags": np.array([0.0, 0.0, 0.0]), "pre_failure": False}
+    lost = {"flags": np.array([1.0, 0.0, 1.0]), "pre_failure": False}
+    crash = {"flags": np.array([0.0, 1.0, 0.0]), "pre_failure": False}
+    occluded = {"flags": np.array([0.0, 0.0, 1.0]), "pre_failure": False}
+    before_fail = {"flags": np.array([0.0, 0.0, 0.0]), "pre_failure": True}
     every = ["target_lost", "near_collision", "pre_failure"]
     assert [dagger.keep(f, every) for f in (frame, lost, crash, before_fail)] == [True, False, False, False]
+    assert dagger.keep(occluded, every) and not dagger.keep(occluded, ["target_unseen"])
+    from robopolicy.refine.common import label_flags
+    seen = {"visible": True, "distance": 2.0, "lost_counter": 0, "min_person_distance": 2.0}
+    assert label_flags({"metrics": seen}).tolist() == [0, 0, 0]
+    assert label_flags({"metrics": dict(seen, visible=False)}).tolist() == [0, 0, 1]  # occluded, in range
+    assert label_flags({"metrics": dict(seen, visible=False, distance=3.5)}).tolist() == [1, 0, 1]
+    assert label_flags({"metrics": dict(seen, min_person_distance=0.5)}).tolist() == [0, 1, 0]
+    assert label_flags({}).tolist() == [0, 0, 0]  # an env without tracking metrics (the arm)
     # unrecoverable drops only the pre-failure states the oracle could not have saved either
     saved = dict(before_fail, unrecoverable=False)
     doomed = dict(before_fail, unrecoverable=True)
     probed = ["target_lost", "near_collision", "unrecoverable"]
     assert [dagger.keep(f, probed) for f in (frame, saved, doomed)] == [True, True, False]
     assert dagger.flag_counts([frame, lost, saved, doomed]) == {
-        "target_lost": 1, "near_collision": 0, "pre_failure": 2, "unrecoverable": 1}
+        "target_lost": 1, "near_collision": 0, "target_unseen": 1, "pre_failure": 2, "unrecoverable": 1}
     with pytest.raises(ValueError, match="recover_horizon"):
         dagger.DAggerConfig(recover_horizon=0)
     assert all(dagger.keep(f, []) for f in (frame, lost, crash, before_fail))  # no filter: keep all

@@ -127,19 +127,22 @@ class RefineEnv(gymnasium.Wrapper):
         return out
 
 
-LABEL_FLAGS = ("target_lost", "near_collision")
+LABEL_FLAGS = ("target_lost", "near_collision", "target_unseen")
 
 
 def label_flags(info: dict) -> np.ndarray:
     """Per-state reasons an oracle label may be unreliable, as floats in :data:`LABEL_FLAGS` order:
-    the target is out of sight and beyond following range (not recoverable from here), or a
-    person or obstacle is already within collision range (the oracle cannot avoid it any more)."""
+    the target is out of sight and beyond following range (not recoverable from here); a
+    person or obstacle is already within collision range (the oracle cannot avoid it any more); the
+    target is not visible in the camera (occluded or outside the field of view), so the label
+    steers toward a person the policy's current frame does not show."""
     m = info.get("metrics")
     if not isinstance(m, dict):
         return np.zeros(len(LABEL_FLAGS), np.float32)
     lost = (not m.get("visible", True)) and float(m.get("distance", 0.0)) > 3.0 or int(m.get("lost_counter", 0)) > 10
     near = float(m.get("min_person_distance", 9.0)) < 0.7
-    return np.array([float(lost), float(near)], np.float32)
+    unseen = not m.get("visible", True)
+    return np.array([float(lost), float(near), float(unseen)], np.float32)
 
 
 def make_refine_env(env: EnvConfig, reward: str = "sparse", privileged: bool = False, oracle: bool = False,

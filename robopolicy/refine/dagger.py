@@ -21,7 +21,9 @@ recorded from the oracle or from random poses rarely show.
 
 Filter (``filter`` list): ``target_lost`` (the target is out of sight and out of range: not
 recoverable from here), ``near_collision`` (a person already within collision range: the
-oracle cannot avoid it), ``pre_failure`` (the last ``pre_failure_steps`` states before an
+oracle cannot avoid it), ``target_unseen`` (the target is not in the current frame, occluded or
+out of view: the label follows a person the policy cannot see, though its temporal context may
+still hold it), ``pre_failure`` (the last ``pre_failure_steps`` states before an
 episode that ended in collision or loss, all of them), ``unrecoverable`` (of those states, the ones
 from which the oracle itself, taking over, collides or loses the target within
 ``recover_horizon`` steps: a counterfactual probe in the env, PersonFollow only). ``pre_failure``
@@ -61,7 +63,7 @@ class DAggerConfig:
     """Probability that the oracle's action executes in iteration 0 (per step)..."""
     beta_decay: float = 0.5
     """... multiplied by this each iteration (DAgger's beta_i = beta0 * decay^i)."""
-    filter: list[str] = field(default_factory=lambda: [*LABEL_FLAGS, "pre_failure"])
+    filter: list[str] = field(default_factory=lambda: ["target_lost", "near_collision", "pre_failure"])
     """Label filters to apply (empty: keep every state)."""
     pre_failure_steps: int = 10
     """States before a failed episode's end that ``pre_failure`` drops and ``unrecoverable`` probes."""
