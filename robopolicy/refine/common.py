@@ -139,9 +139,9 @@ def label_flags(info: dict) -> np.ndarray:
     m = info.get("metrics")
     if not isinstance(m, dict):
         return np.zeros(len(LABEL_FLAGS), np.float32)
-    lost = (not m.get("visible", True)) and float(m.get("distance", 0.0)) > 3.0 or int(m.get("lost_counter", 0)) > 10
-    near = float(m.get("min_person_distance", 9.0)) < 0.7
     unseen = not m.get("visible", True)
+    lost = unseen and float(m.get("distance", 0.0)) > 3.0 or int(m.get("lost_counter", 0)) > 10
+    near = float(m.get("min_person_distance", 9.0)) < 0.7
     return np.array([float(lost), float(near), float(unseen)], np.float32)
 
 
