@@ -2,6 +2,8 @@
 
     robopolicy refine --method residual-ppo --base outputs/train/arm_pp/final --env robopolicy/ArmPickPlace-v0 \\
         --config configs/refine/residual_ppo_arm.yaml total_env_steps=50000
+    robopolicy refine --method residual-td3 --base outputs/train/arm_pp/final --env robopolicy/ArmPickPlace-v0 \\
+        --config configs/refine/residual_td3_pp_state.yaml
     robopolicy refine --method ppo --env robopolicy/ArmPickPlace-v0 --config configs/refine/ppo_scratch_arm.yaml
     robopolicy refine --method dagger --base outputs/train/pf_staged/final --env robopolicy/PersonFollow-v0 --split dt \\
         --config configs/refine/dagger_track.yaml
@@ -16,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 
-METHODS = ("residual-ppo", "ppo", "dagger", "rpd")
+METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "rpd")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("refine", help="refine a policy in simulation: residual PPO, DAgger, RPD (or PPO from scratch)")
     p.add_argument("--method", required=True, choices=METHODS)
-    p.add_argument("--base", help="checkpoint to refine (residual-ppo, dagger) or the teacher (rpd)")
+    p.add_argument("--base", help="checkpoint to refine (residual-ppo, residual-td3, dagger) or the teacher (rpd)")
     p.add_argument("--env", help="env id, e.g. robopolicy/ArmPickPlace-v0")
     p.add_argument("--split", help="PersonFollow split (stt, dt, at)")
     p.add_argument("--out", help="output directory")
@@ -68,6 +70,17 @@ def cmd_refine(args: argparse.Namespace) -> int:
             name = "base" if cfg.base else "untrained"
             rows = [(name, s["before"]), ("after " + args.method, s["after"])]
             extra = f"env steps to 80% success: {s['steps_to_80'] or 'not reached'}"
+        elif args.method == "residual-td3":
+            from robopolicy.refine import residual_td3
+
+            cfg = load_config(residual_td3.ResidualTD3Config, args.config, overrides)
+            if not cfg.base:
+                print("robopolicy refine: --method residual-td3 needs --base CKPT")
+                return 2
+            s = residual_td3.train(cfg)
+            rows = [("base", s["before"]), ("after residual-td3", s["after"])]
+            extra = (f"env steps to 80% success: {s['steps_to_80'] or 'not reached'}; "
+                     f"{s['decisions']} decisions, {s['updates']} updates")
         elif args.method == "dagger":
             from robopolicy.refine import dagger
 
