@@ -687,12 +687,12 @@ def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_pat
     res = ResidualConfig(inputs=["state", "base_action"], hidden=[64, 64], log_std=-1.0, scale=1.0,
                          execute_steps=4, decision="chunk")
     cfg = residual_td3.ResidualTD3Config(
-        env=EnvConfig("robopolicy/PointReach-v0"), reward="sparse", residual=res, total_env_steps=8000, num_envs=2,
-        learning_starts=500, updates_per_decision=2, batch_size=128, critic_hidden=[64, 64], eval_every=8000,
+        env=EnvConfig("robopolicy/PointReach-v0"), reward="sparse", residual=res, total_env_steps=12_000, num_envs=2,
+        learning_starts=500, updates_per_decision=2, batch_size=128, critic_hidden=[64, 64], eval_every=12_000,
         eval_episodes=50, eval_envs=1, out_dir=str(tmp_path / "td3"), progress=False)
     base = residual_ppo.build_policy(residual_ppo.ResidualPPOConfig(env=cfg.env, residual=res), base=point_teacher())
     summary = residual_td3.train(cfg, policy=base, log=lambda s: None)
-    assert summary["before"] <= 0.1 and summary["after"] >= 0.6
+    assert summary["before"] <= 0.1 and summary["after"] >= 0.8  # 96-98% over seeds 0-2
     assert summary["updates"] >= 1.5 * (summary["decisions"] - 500)  # two updates per decision after the warm-up
     assert (tmp_path / "td3" / "critics.safetensors").is_file()
     loaded = load_any_policy(summary["checkpoint"])
