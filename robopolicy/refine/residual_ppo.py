@@ -28,8 +28,9 @@ from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy
 
 
 @dataclass
-class ResidualPPOConfig:
-    """Residual PPO (and PPO from scratch when ``base`` is empty)."""
+class ResidualRunConfig:
+    """What every residual refinement loop takes (residual PPO here, residual TD3 in
+    :mod:`~robopolicy.refine.residual_td3`): env, base, residual, reward, budget, evaluation."""
 
     env: EnvConfig = field(default_factory=lambda: EnvConfig("robopolicy/ArmReach-v0"))
     base: str = ""
@@ -39,10 +40,26 @@ class ResidualPPOConfig:
     """``sparse`` (success) or ``dense`` (the task's shaped reward)."""
     total_env_steps: int = 20_000
     num_envs: int = 4
+    gamma: float = 0.99
+    """Discount per env step (ResiP uses 0.999 for its ~1000-step episodes; ours last 100-200
+    steps); a chunk decision of k steps discounts by γ^k."""
+    eval_every: int = 4_000
+    """Evaluate every this many env steps (and before training, and at the end)."""
+    eval_episodes: int = 20
+    eval_envs: int = 2
+    eval_seed: int = 100_000
+    seed: int = 0
+    threads: int = 1
+    out_dir: str = "outputs/refine/residual_ppo"
+    progress: bool = True
+
+
+@dataclass
+class ResidualPPOConfig(ResidualRunConfig):
+    """Residual PPO (and PPO from scratch when ``base`` is empty)."""
+
     num_steps: int = 128
     """Rollout length per env per update (batch = num_envs * num_steps)."""
-    gamma: float = 0.99
-    """Discount (ResiP uses 0.999 for its ~1000-step episodes; ours last 100-200 steps)."""
     gae_lambda: float = 0.95
     clip: float = 0.2
     update_epochs: int = 20
@@ -64,26 +81,17 @@ class ResidualPPOConfig:
     ResiP). The likelihood stays the per-step Gaussian. Held noise (e.g. over the 8 executed steps
     of a chunk) moves the arm coherently; on the state-based PickPlace base it did worse than
     per-step noise (README, refinement table)."""
-    eval_every: int = 4_000
-    """Evaluate every this many env steps (and before training, and at the end)."""
-    eval_episodes: int = 20
-    eval_envs: int = 2
-    eval_seed: int = 100_000
-    seed: int = 0
-    threads: int = 1
-    out_dir: str = "outputs/refine/residual_ppo"
-    progress: bool = True
 
     def __post_init__(self):
         if self.noise_hold < 1:
             raise ValueError(f"noise_hold must be >= 1, got {self.noise_hold}")
 
 
-def env_kwargs(cfg: ResidualPPOConfig) -> dict:
+def env_kwargs(cfg: ResidualRunConfig) -> dict:
     return {"reward": cfg.reward, "privileged": "environment_state" in cfg.residual.inputs}
 
 
-def build_policy(cfg: ResidualPPOConfig, base=None) -> ResidualPolicy:
+def build_policy(cfg: ResidualRunConfig, base=None) -> ResidualPolicy:
     """The residual (over ``base`` or ``cfg.base``) sized for ``cfg.env``."""
     from robopolicy.refine.residual import load_any_policy
 
@@ -98,7 +106,7 @@ def build_policy(cfg: ResidualPPOConfig, base=None) -> ResidualPolicy:
                           env_state_dim=env_dim)
 
 
-def evaluate(policy: ResidualPolicy, cfg: ResidualPPOConfig) -> EvalResult:
+def evaluate(policy: ResidualPolicy, cfg: ResidualRunConfig) -> EvalResult:
     """Deterministic success rate on the fixed evaluation seeds."""
     def act(obs):
         return policy.predict(obs)[:, 0].numpy()

@@ -32,25 +32,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from robopolicy.envs import EnvConfig
 from robopolicy.refine.common import Curve, EvalResult, make_vector_envs
-from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
+from robopolicy.refine.residual import ResidualPolicy
+from robopolicy.refine.residual_ppo import ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate
 
 
 @dataclass
-class ResidualTD3Config:
-    """Residual TD3 (a base policy is required)."""
+class ResidualTD3Config(ResidualRunConfig):
+    """Residual TD3 (a base policy is required; ``residual.log_std`` is the fixed exploration noise)."""
 
-    env: EnvConfig = field(default_factory=lambda: EnvConfig("robopolicy/ArmReach-v0"))
-    base: str = ""
-    """Base policy checkpoint (frozen)."""
-    residual: ResidualConfig = field(default_factory=ResidualConfig)
-    """The residual actor; its ``log_std`` is the exploration noise σ (fixed)."""
-    reward: str = "sparse"
-    total_env_steps: int = 100_000
-    num_envs: int = 8
-    gamma: float = 0.99
-    """Per env step (a chunk decision of k steps discounts by γ^k)."""
     buffer_size: int = 300_000
     """Decisions kept."""
     batch_size: int = 256
@@ -71,14 +61,7 @@ class ResidualTD3Config:
     """The executed and learned residual is clamped to ±this (residual units)."""
     residual_penalty: float = 0.1
     """Actor loss weight of the mean squared residual: stay at the base unless the critic says better."""
-    eval_every: int = 20_000
-    eval_episodes: int = 100
-    eval_envs: int = 4
-    eval_seed: int = 100_000
-    seed: int = 0
-    threads: int = 1
     out_dir: str = "outputs/refine/residual_td3"
-    progress: bool = True
 
     def __post_init__(self):
         for key in ("total_env_steps", "num_envs", "buffer_size", "batch_size", "policy_delay", "eval_every",
@@ -135,27 +118,15 @@ class ReplayBuffer:
 
 
 def build_policy(cfg: ResidualTD3Config) -> ResidualPolicy:
-    from robopolicy.refine.residual_ppo import ResidualPPOConfig, build_policy as build
-
     if not cfg.base:
         raise ValueError("residual TD3 needs a base policy (base=CKPT)")
-    return build(ResidualPPOConfig(env=cfg.env, base=cfg.base, residual=cfg.residual, reward=cfg.reward))
-
-
-def evaluate(policy: ResidualPolicy, cfg: ResidualTD3Config) -> EvalResult:
-    from robopolicy.refine.residual_ppo import ResidualPPOConfig, evaluate as ev
-
-    return ev(policy, ResidualPPOConfig(env=cfg.env, residual=cfg.residual, reward=cfg.reward,
-                                        eval_episodes=cfg.eval_episodes, eval_envs=cfg.eval_envs,
-                                        eval_seed=cfg.eval_seed))
+    return build_residual(cfg)
 
 
 def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Callable[[str], None] = print) -> dict:
     """Run residual TD3; returns a summary (before / after success, steps to 80%, paths)."""
     from safetensors.torch import save_file
     from tqdm import tqdm
-
-    from robopolicy.refine.residual_ppo import env_kwargs
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
