@@ -685,7 +685,7 @@ def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_pat
     from robopolicy.refine import residual_ppo, residual_td3
 
     res = ResidualConfig(inputs=["state", "base_action"], hidden=[64, 64], log_std=-1.0, scale=1.0,
-                         execute_steps=4, decision="chunk")
+                         execute_steps=4, decision="chunk", bound=1.0)
     cfg = residual_td3.ResidualTD3Config(
         env=EnvConfig("robopolicy/PointReach-v0"), reward="sparse", residual=res, total_env_steps=12_000, num_envs=2,
         learning_starts=500, updates_per_decision=2, batch_size=128, critic_hidden=[64, 64], eval_every=12_000,
@@ -701,3 +701,8 @@ def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_pat
         residual_td3.build_policy(residual_td3.ResidualTD3Config(env=cfg.env))
     with pytest.raises(ValueError, match="updates_per_decision"):
         residual_td3.ResidualTD3Config(updates_per_decision=0)
+    with pytest.raises(ValueError, match=r"needs residual.bound > 0"):
+        residual_td3.ResidualTD3Config(residual=ResidualConfig(bound=0.0))
+    # the saved residual keeps its bound, which predict() applies as training did
+    assert loaded.config.bound == 1.0
+    torch.testing.assert_close(loaded.bounded(torch.tensor([[5.0, -0.5]])), torch.tensor([[1.0, -0.5]]))

@@ -82,6 +82,10 @@ class ResidualConfig:
     time_horizon: int = 0
     """With the ``time`` input: the step count it is divided by (the task's episode limit, e.g.
     150 for ArmPushCube), so the input runs 0 → 1 over an episode."""
+    bound: float = 0.0
+    """Clamp the residual to ±this (residual units, before ``scale``) wherever it acts, training
+    and ``predict`` alike; 0: no clamp (residual PPO's Gaussian samples are clipped by the action
+    box instead). Residual TD3 needs it > 0: its critics only see residuals within it."""
     chunk: int = 1
     """Without a base only: actions per decision. The actor outputs ``chunk`` actions at once,
     executed open loop (a compact chunk policy, e.g. an RPD student of a chunk teacher whose
@@ -101,6 +105,8 @@ class ResidualConfig:
             raise ValueError("residual.log_std and residual.log_std_per_dim must be finite")
         if any(not (np.isfinite(v) and v >= 0) for v in [self.scale, *self.scale_per_dim]):
             raise ValueError("residual.scale and residual.scale_per_dim must be finite and >= 0")
+        if not (np.isfinite(self.bound) and self.bound >= 0):
+            raise ValueError(f"residual.bound must be finite and >= 0, got {self.bound}")
         if "time" in self.inputs and self.time_horizon < 1:
             raise ValueError("residual.inputs has 'time': set residual.time_horizon to the task's episode "
                              "limit in steps (e.g. 150 for ArmPushCube-v0)")
@@ -239,7 +245,7 @@ class ResidualPolicy(nn.Module):
         """Observation batch → ``(B, 1, A)``: this step's action (deterministic) in env units, or
         ``(B, chunk, A)`` for a chunk actor."""
         x, base_norm = self.residual_input(obs)
-        out = self.env_action(base_norm, self.hold(self.actor(self.norm(x))))
+        out = self.env_action(base_norm, self.hold(self.bounded(self.actor(self.norm(x)))))
         return out if out.ndim == 3 else out[:, None]
 
     @property
@@ -248,6 +254,11 @@ class ResidualPolicy(nn.Module):
         ``decision: step``, else the rows whose base chunk was planned by the latest
         :meth:`residual_input` call."""
         return self.fresh if self.config.decision == "chunk" else torch.ones_like(self.fresh)
+
+    def bounded(self, r: torch.Tensor) -> torch.Tensor:
+        """``r`` clamped to ``±config.bound`` (unchanged when the bound is 0)."""
+        b = self.config.bound
+        return r.clamp(-b, b) if b > 0 else r
 
     def hold(self, r: torch.Tensor) -> torch.Tensor:
         """The residual to execute ``(B, A)``: ``r`` itself per step; with ``decision: chunk``, ``r``

@@ -33,14 +33,16 @@ import torch
 from torch import nn
 
 from robopolicy.refine.common import Curve, EvalResult, make_vector_envs
-from robopolicy.refine.residual import ResidualPolicy
+from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
 from robopolicy.refine.residual_ppo import ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate
 
 
 @dataclass
 class ResidualTD3Config(ResidualRunConfig):
-    """Residual TD3 (a base policy is required; ``residual.log_std`` is the fixed exploration noise)."""
+    """Residual TD3 (a base policy is required; ``residual.log_std`` is the fixed exploration noise,
+    ``residual.bound`` the residual's range in training and at inference)."""
 
+    residual: ResidualConfig = field(default_factory=lambda: ResidualConfig(bound=1.0))
     buffer_size: int = 300_000
     """Decisions kept."""
     batch_size: int = 256
@@ -57,8 +59,6 @@ class ResidualTD3Config(ResidualRunConfig):
     target_noise: float = 0.2
     target_noise_clip: float = 0.5
     """Target-policy smoothing, in residual units (before ``residual.scale``)."""
-    residual_bound: float = 1.0
-    """The executed and learned residual is clamped to ±this (residual units)."""
     residual_penalty: float = 0.1
     """Actor loss weight of the mean squared residual: stay at the base unless the critic says better."""
     out_dir: str = "outputs/refine/residual_td3"
@@ -70,8 +70,10 @@ class ResidualTD3Config(ResidualRunConfig):
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
-        if self.updates_per_decision <= 0 or self.residual_bound <= 0:
-            raise ValueError("updates_per_decision and residual_bound must be > 0")
+        if self.updates_per_decision <= 0:
+            raise ValueError(f"updates_per_decision must be > 0, got {self.updates_per_decision}")
+        if self.residual.bound <= 0:
+            raise ValueError("residual TD3 needs residual.bound > 0 (the residual's range, e.g. 1.0)")
         if self.reward not in ("sparse", "dense"):
             raise ValueError(f"reward must be 'sparse' or 'dense', got {self.reward!r}")
 
@@ -144,7 +146,7 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
     opt_actor = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
     opt_critic = torch.optim.Adam(qs.parameters(), lr=cfg.critic_lr)
     sigma = policy.log_std.detach().exp()
-    bound = cfg.residual_bound
+    bound = policy.config.bound
     buffer = ReplayBuffer(cfg.buffer_size, d_in, a_dim)
     curve = Curve(out, "curve")
     t0 = time.perf_counter()
