@@ -114,6 +114,25 @@ def evaluate(policy: ResidualPolicy, cfg: ResidualRunConfig) -> EvalResult:
                             **env_kwargs(cfg))
 
 
+def periodic_evaluation(policy: ResidualPolicy, cfg: ResidualRunConfig, curve: Curve, env_steps: int, t0: float,
+                        window_episodes: int, window_successes: int, log: Callable[[str], None], **extra) -> None:
+    """Evaluate during training: a curve point and a log line. Beside the deterministic success, the
+    sampled policy's success on the training episodes that ended since the last evaluation shows
+    whether the loop improves its own (noisy) objective. ``extra``: more curve columns."""
+    elapsed = policy.elapsed.copy()
+    res = evaluate(policy, cfg)
+    train_sr = window_successes / max(window_episodes, 1)
+    curve.add(env_steps, res.success, seconds=time.perf_counter() - t0, train_success=train_sr,
+              train_episodes=window_episodes, **extra)
+    more = "".join(f"; {v} {k}" for k, v in extra.items())
+    log(f"[refine] {env_steps} env steps: success {res.success:.1%} "
+        f"(sampled, training: {train_sr:.1%} of {window_episodes}{more})")
+    # evaluation used the policy's queues: the training rows plan their chunks afresh (a residual
+    # TD3 row's open transition ends at that new decision), but their episodes go on: keep their step counts
+    policy.reset()
+    policy.elapsed = elapsed
+
+
 def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Callable[[str], None] = print) -> dict:
     """Run residual PPO; returns a summary (before / after success, steps to 80%, paths)."""
     from tqdm import tqdm
@@ -224,18 +243,8 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
 
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
                 next_eval += cfg.eval_every
-                elapsed = policy.elapsed.copy()
-                res = evaluate(policy, cfg)
-                # the sampled policy's success on the training episodes that ended since the last
-                # evaluation: whether PPO improves its own (noisy) objective, beside the deterministic one
-                train_sr = window_successes / max(window_episodes, 1)
-                curve.add(env_steps, res.success, seconds=time.perf_counter() - t0, train_success=train_sr,
-                          train_episodes=window_episodes)
-                log(f"[refine] {env_steps} env steps: success {res.success:.1%} "
-                    f"(sampled, training: {train_sr:.1%} of {window_episodes})")
+                periodic_evaluation(policy, cfg, curve, env_steps, t0, window_episodes, window_successes, log)
                 window_episodes, window_successes = 0, 0
-                policy.reset()  # evaluation used the policy's queues: restart the training episodes' chunks
-                policy.elapsed = elapsed  # ... but their episodes go on: keep their step counts
     finally:
         bar.close()
         envs.close()

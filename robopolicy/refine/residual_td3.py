@@ -34,7 +34,8 @@ from torch import nn
 
 from robopolicy.refine.common import Curve, EvalResult, make_vector_envs
 from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
-from robopolicy.refine.residual_ppo import ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate
+from robopolicy.refine.residual_ppo import (ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate,
+                                            periodic_evaluation)
 
 
 @dataclass
@@ -237,16 +238,9 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
 
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
                 next_eval += cfg.eval_every
-                elapsed = policy.elapsed.copy()
-                res = evaluate(policy, cfg)
-                train_sr = window_successes / max(window_episodes, 1)
-                curve.add(env_steps, res.success, seconds=time.perf_counter() - t0, train_success=train_sr,
-                          train_episodes=window_episodes, updates=updates)
-                log(f"[refine] {env_steps} env steps: success {res.success:.1%} "
-                    f"(sampled, training: {train_sr:.1%} of {window_episodes}; {updates} updates)")
+                periodic_evaluation(policy, cfg, curve, env_steps, t0, window_episodes, window_successes, log,
+                                    updates=updates)
                 window_episodes, window_successes = 0, 0
-                policy.reset()  # evaluation used the queues: the training rows plan afresh (their
-                policy.elapsed = elapsed  # open transitions end at that new decision)
     finally:
         bar.close()
         envs.close()
