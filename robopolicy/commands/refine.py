@@ -1,4 +1,4 @@
-"""``robopolicy refine``: refine a policy in simulation (residual PPO, DAgger, RPD) or train PPO from scratch.
+"""``robopolicy refine``: refine a policy in simulation (residual PPO / TD3, DAgger, RPD) or train PPO from scratch.
 
     robopolicy refine --method residual-ppo --base outputs/train/arm_pp/final --env robopolicy/ArmPickPlace-v0 \\
         --config configs/refine/residual_ppo_arm.yaml total_env_steps=50000
@@ -22,7 +22,7 @@ METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "rpd")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("refine", help="refine a policy in simulation: residual PPO, DAgger, RPD (or PPO from scratch)")
+    p = sub.add_parser("refine", help="refine a policy in simulation: residual PPO / TD3, DAgger, RPD (or PPO from scratch)")
     p.add_argument("--method", required=True, choices=METHODS)
     p.add_argument("--base", help="checkpoint to refine (residual-ppo, residual-td3, dagger) or the teacher (rpd)")
     p.add_argument("--env", help="env id, e.g. robopolicy/ArmPickPlace-v0")

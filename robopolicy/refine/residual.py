@@ -83,9 +83,9 @@ class ResidualConfig:
     """With the ``time`` input: the step count it is divided by (the task's episode limit, e.g.
     150 for ArmPushCube), so the input runs 0 → 1 over an episode."""
     bound: float = 0.0
-    """Clamp the residual to ±this (residual units, before ``scale``) wherever it acts, training
-    and ``predict`` alike; 0: no clamp (residual PPO's Gaussian samples are clipped by the action
-    box instead). Residual TD3 needs it > 0: its critics only see residuals within it."""
+    """Clamp the residual to ±this (residual units, before ``scale``) in ``predict`` and in residual
+    TD3's training, which needs it > 0 (its critics only see residuals within it). 0: no clamp,
+    as residual PPO trains (its samples are clipped by the action box, see ``log_prob``)."""
     chunk: int = 1
     """Without a base only: actions per decision. The actor outputs ``chunk`` actions at once,
     executed open loop (a compact chunk policy, e.g. an RPD student of a chunk teacher whose
