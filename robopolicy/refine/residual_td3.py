@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from robopolicy.refine.common import Curve, EvalResult, make_vector_envs
+from robopolicy.refine.common import Curve, make_vector_envs
 from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
 from robopolicy.refine.residual_ppo import (ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate,
                                             periodic_evaluation)
@@ -108,12 +108,11 @@ class ReplayBuffer:
         self.capacity, self.size, self.pos = capacity, 0, 0
 
     def add(self, x, r, ret, disc, x_next, done) -> None:
-        for i in range(len(ret)):
-            p = self.pos
-            self.x[p], self.r[p], self.ret[p], self.disc[p] = x[i], r[i], ret[i], disc[i]
-            self.x_next[p], self.done[p] = x_next[i], done[i]
-            self.pos = (p + 1) % self.capacity
-            self.size = min(self.size + 1, self.capacity)
+        idx = (self.pos + np.arange(len(ret))) % self.capacity
+        self.x[idx], self.r[idx], self.ret[idx], self.disc[idx] = x, r, ret, disc
+        self.x_next[idx], self.done[idx] = x_next, done
+        self.pos = int(idx[-1] + 1) % self.capacity if len(idx) else self.pos
+        self.size = min(self.size + len(idx), self.capacity)
 
     def sample(self, n: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         idx = rng.integers(0, self.size, n)
@@ -137,8 +136,8 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
     policy = policy or build_policy(cfg)
-    if policy.base is None:
-        raise ValueError("residual TD3 needs a base policy")
+    if policy.base is None or policy.config.bound <= 0:
+        raise ValueError("residual TD3 needs a base policy and residual.bound > 0")
     a_dim, d_in = policy.action_loc.shape[0], policy.norm.mean.shape[0]
     actor = policy.actor
     actor_targ = copy.deepcopy(actor).requires_grad_(False)
@@ -147,7 +146,6 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
     opt_actor = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
     opt_critic = torch.optim.Adam(qs.parameters(), lr=cfg.critic_lr)
     sigma = policy.log_std.detach().exp()
-    bound = policy.config.bound
     buffer = ReplayBuffer(cfg.buffer_size, d_in, a_dim)
     curve = Curve(out, "curve")
     t0 = time.perf_counter()
@@ -174,7 +172,7 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
         x, x_next = policy.norm(b["x"]), policy.norm(b["x_next"])
         with torch.no_grad():
             noise = (torch.randn_like(b["r"]) * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
-            r_next = (actor_targ(x_next) + noise).clamp(-bound, bound)
+            r_next = policy.bounded(actor_targ(x_next) + noise)
             q_next = torch.min(qs_targ[0](x_next, r_next), qs_targ[1](x_next, r_next))
             target = b["ret"] + b["disc"] * (1 - b["done"]) * q_next
         q_loss = sum(((q(x, b["r"]) - target) ** 2).mean() for q in qs)
@@ -185,7 +183,7 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
         stats["q_loss"] = q_loss.item() / 2
         if updates % cfg.policy_delay == 0:
             r = actor(x)
-            q = qs[0](x, r.clamp(-bound, bound))
+            q = qs[0](x, policy.bounded(r))
             a_loss = -q.mean() + cfg.residual_penalty * r.pow(2).sum(-1).mean()
             opt_actor.zero_grad()
             a_loss.backward()
@@ -206,7 +204,7 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
                 if close.any():  # a row that decides again ends its previous decision here
                     buffer.add(pend_x[close], pend_r[close], pend_ret[close], pend_disc[close],
                                x.numpy()[close], np.zeros(int(close.sum())))
-                r = (actor(policy.norm(x)) + sigma * torch.randn(n, a_dim)).clamp(-bound, bound)
+                r = policy.bounded(actor(policy.norm(x)) + sigma * torch.randn(n, a_dim))
                 pend_x[dec], pend_r[dec] = x.numpy()[dec], r.numpy()[dec]
                 pend_ret[dec], pend_disc[dec], pend_open[dec] = 0.0, 1.0, True
                 decisions += int(dec.sum())
@@ -244,10 +242,9 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
     finally:
         bar.close()
         envs.close()
-    after = EvalResult(curve.rows[-1]["success"], cfg.eval_episodes, 0)
     policy.save(out / "final")
     save_file({k: v.contiguous() for k, v in qs.state_dict().items()}, str(out / "critics.safetensors"))
-    summary = {"before": before.success, "after": after.success, "env_steps": env_steps, "decisions": decisions,
+    summary = {"before": before.success, "after": curve.rows[-1]["success"], "env_steps": env_steps, "decisions": decisions,
                "updates": updates, "steps_to_80": curve.steps_to(0.8), "seconds": time.perf_counter() - t0,
                "checkpoint": str(out / "final"), "curve_csv": str(out / "curve.csv"),
                "curve_png": str(out / "curve.png")}
