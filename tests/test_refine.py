@@ -113,22 +113,79 @@ def test_ppo_update_lowers_loss_and_learns_a_bandit():
         with torch.no_grad():
             dist = policy.dist(x)
             r = dist.sample()
-            logp = dist.log_prob(r).sum(-1)
+            logp = policy.log_prob(dist, r, clipped=False)
             reward = (torch.sign(r[:, 0]) == torch.sign(x[:, 0])).float()
             adv = (reward - reward.mean()) / (reward.std() + 1e-8)
-        first = ppo_loss(policy.dist(x).log_prob(r).sum(-1), logp, adv, 0.2)[0].item()
+        first = ppo_loss(policy.log_prob(policy.dist(x), r, clipped=False), logp, adv, 0.2)[0].item()
         for _ in range(5):
-            loss, _kl = ppo_loss(policy.dist(x).log_prob(r).sum(-1), logp, adv, 0.2)
+            loss, _kl = ppo_loss(policy.log_prob(policy.dist(x), r, clipped=False), logp, adv, 0.2)
             opt.zero_grad()
             loss.backward()
             opt.step()
         with torch.no_grad():
-            after = ppo_loss(policy.dist(x).log_prob(r).sum(-1), logp, adv, 0.2)[0].item()
+            after = ppo_loss(policy.log_prob(policy.dist(x), r, clipped=False), logp, adv, 0.2)[0].item()
         if it == 0:
             assert after < first - 0.05  # the update lowers the surrogate loss on its batch
     with torch.no_grad():
         mean = policy.dist(x).mean[:, 0]
     assert (torch.sign(mean) == torch.sign(x[:, 0])).float().mean() > 0.9
+
+
+def test_a_switch_dimension_keeps_the_base_or_forces_an_end_and_learns_which():
+    """``switch_dims``: the gripper-like dimension is a categorical (keep the base's command, the
+    box's low end, its high end) that starts at the base and that PPO can move."""
+    base = tiny_base()
+    policy = ResidualPolicy(ResidualConfig(inputs=["state", "base_action"], switch_dims=[5], switch_prob=0.05),
+                            LOW, HIGH, base=base)
+    obs = obs_batch(b=3)
+    policy.reset(), base.reset()
+    np.testing.assert_allclose(policy.predict(obs)[:, 0].numpy(), base.predict(obs)[:, 0].numpy(), atol=1e-5)
+    x = torch.zeros(4000, policy.norm.mean.shape[0])
+    dist = policy.dist(x)
+    picks = dist.sample()[:, 5]
+    assert abs(float((picks == 1).float().mean()) - 0.05) < 0.015 and abs(float((picks == 2).float().mean()) - 0.05) < 0.015
+    assert torch.equal(dist.mode()[:, 5], torch.zeros(4000))  # the most probable setting: keep the base's
+    base_norm = torch.full((3, 6), 0.25)
+    r = torch.zeros(3, 6)
+    r[:, 5] = torch.tensor([0.0, 1.0, 2.0])
+    r[:, 0] = 1.0  # a continuous dimension still shifts by scale * r
+    act = policy.env_action(base_norm, r)
+    torch.testing.assert_close(act[:, 5], torch.tensor([0.25 * 20, -20.0, 20.0]))
+    torch.testing.assert_close(act[:, 0], torch.full((3,), (0.25 + 0.1) * 20))
+    # the log-probability is the Gaussian's over the other dimensions plus the chosen setting's
+    d3 = policy.dist(torch.zeros(3, policy.norm.mean.shape[0]))
+    gauss = d3.normal.log_prob(r)[:, :5].sum(-1)
+    cat = torch.log(torch.tensor([0.9, 0.05, 0.05]))
+    torch.testing.assert_close(policy.log_prob(d3, r, clipped=False), gauss + cat)
+    # PPO moves the switch: a bandit that pays for "high" when the first input is positive, else "low"
+    torch.manual_seed(0)
+    bandit = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[32], switch_dims=[0], switch_prob=0.1),
+                            -np.ones(2), np.ones(2), base=tiny_base(action_dim=2), state_dim=6)
+    opt = torch.optim.Adam(bandit.actor.parameters(), lr=1e-2)
+    xs = torch.randn(512, bandit.norm.mean.shape[0])
+    for _ in range(40):
+        with torch.no_grad():
+            d = bandit.dist(xs)
+            r = d.sample()
+            logp = bandit.log_prob(d, r, clipped=False)
+            reward = (r[:, 0] == torch.where(xs[:, 0] > 0, 2.0, 1.0)).float()
+            adv = (reward - reward.mean()) / (reward.std() + 1e-8)
+        for _ in range(5):
+            loss, _kl = ppo_loss(bandit.log_prob(bandit.dist(xs), r, clipped=False), logp, adv, 0.2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        chosen = bandit.dist(xs).mode()[:, 0]
+    assert (chosen == torch.where(xs[:, 0] > 0, 2.0, 1.0)).float().mean() > 0.9
+    with pytest.raises(PolicyError, match="needs a base"):
+        ResidualPolicy(ResidualConfig(inputs=["state"], switch_dims=[0]), LOW, HIGH, state_dim=6)
+    with pytest.raises(PolicyError, match="has 6 dimensions"):
+        ResidualPolicy(ResidualConfig(inputs=["state"], switch_dims=[6]), LOW, HIGH, base=base)
+    with pytest.raises(ValueError, match="switch_prob"):
+        ResidualConfig(switch_dims=[5], switch_prob=0.5)
+    with pytest.raises(ValueError, match="distinct"):
+        ResidualConfig(switch_dims=[5, 5])
 
 
 def test_dual_clip_bounds_negative_advantage_samples_whose_ratio_exploded():

@@ -86,6 +86,17 @@ class ResidualConfig:
     """Clamp the residual to ±this (residual units, before ``scale``) in ``predict`` and in residual
     TD3's training, which needs it > 0 (its critics only see residuals within it). 0: no clamp,
     as residual PPO trains (its samples are clipped by the action box, see ``log_prob``)."""
+    switch_dims: list[int] = field(default_factory=list)
+    """Action dimensions the residual switches instead of shifting (with a base only), e.g. ``[5]``
+    for an arm's gripper. For each, the residual picks one of three settings per decision: keep the
+    base's command, the action box's low end, or its high end (e.g. closed / open), a categorical
+    choice in place of that dimension's Gaussian. A gripper is binary in effect: a small Gaussian
+    correction never opens a closed one (a base stuck holding the cube over the bowl stays stuck),
+    and one large enough to do so opens it anywhere (dropping the cube on the way). A switch
+    explores by rare, whole changes and keeps the base's command otherwise."""
+    switch_prob: float = 0.02
+    """Initial probability of each forced setting (low, high) per decision; the rest keeps the
+    base's command, which the deterministic policy (the most probable setting) starts at."""
     chunk: int = 1
     """Without a base only: actions per decision. The actor outputs ``chunk`` actions at once,
     executed open loop (a compact chunk policy, e.g. an RPD student of a chunk teacher whose
@@ -107,6 +118,10 @@ class ResidualConfig:
             raise ValueError("residual.scale and residual.scale_per_dim must be finite and >= 0")
         if not (np.isfinite(self.bound) and self.bound >= 0):
             raise ValueError(f"residual.bound must be finite and >= 0, got {self.bound}")
+        if len(set(self.switch_dims)) != len(self.switch_dims) or any(d < 0 for d in self.switch_dims):
+            raise ValueError(f"residual.switch_dims must be distinct action indices >= 0, got {self.switch_dims}")
+        if not 0.0 < self.switch_prob < 0.5:
+            raise ValueError(f"residual.switch_prob must be in (0, 0.5), got {self.switch_prob}")
         if "time" in self.inputs and self.time_horizon < 1:
             raise ValueError("residual.inputs has 'time': set residual.time_horizon to the task's episode "
                              "limit in steps (e.g. 150 for ArmPushCube-v0)")
@@ -168,6 +183,9 @@ class ResidualPolicy(nn.Module):
             if config.chunk != 1:
                 raise PolicyError("residual.chunk > 1 is for a policy without a base (the residual corrects "
                                   "every executed base action)")
+        elif config.switch_dims:
+            raise PolicyError("residual.switch_dims switches between the base's command and the action box's "
+                              "ends; it needs a base policy (--base)")
         elif config.decision != "step":
             raise PolicyError("residual.decision: chunk holds a correction over each base chunk; it needs a base "
                               "policy (--base)")
@@ -192,7 +210,15 @@ class ResidualPolicy(nn.Module):
         self.input_dims = {k: int(dims[k]) for k in config.inputs}
         d_in = sum(self.input_dims.values())
         self.norm = RunningNorm(d_in)
-        self.actor = mlp([d_in, *config.hidden, a * config.chunk], zero_last=True)
+        if any(d >= a for d in config.switch_dims):
+            raise PolicyError(f"residual.switch_dims {config.switch_dims}: the action has {a} dimensions")
+        self.switch = list(config.switch_dims)
+        continuous = torch.ones(a * config.chunk)
+        continuous[self.switch] = 0.0
+        self.register_buffer("continuous", continuous, persistent=False)  # 1 on the Gaussian dimensions
+        p = config.switch_prob
+        self.register_buffer("switch_prior", torch.log(torch.tensor([1 - 2 * p, p, p])), persistent=False)
+        self.actor = mlp([d_in, *config.hidden, a * config.chunk + 3 * len(self.switch)], zero_last=True)
         self.critic = mlp([d_in, *config.hidden, 1])
         for key in ("scale_per_dim", "log_std_per_dim"):
             if getattr(config, key) and len(getattr(config, key)) != a:
@@ -245,7 +271,7 @@ class ResidualPolicy(nn.Module):
         """Observation batch → ``(B, 1, A)``: this step's action (deterministic) in env units, or
         ``(B, chunk, A)`` for a chunk actor."""
         x, base_norm = self.residual_input(obs)
-        out = self.env_action(base_norm, self.hold(self.bounded(self.actor(self.norm(x)))))
+        out = self.env_action(base_norm, self.hold(self.dist(self.norm(x)).mode(self.bounded)))
         return out if out.ndim == 3 else out[:, None]
 
     @property
@@ -348,15 +374,27 @@ class ResidualPolicy(nn.Module):
         if self.config.chunk > 1:
             residual = residual.reshape(residual.shape[0], self.config.chunk, -1)
             base_norm = base_norm[:, None]
-        return (base_norm + self.step_scale * residual).clamp(-1, 1) * self.action_half + self.action_loc
+        a = base_norm + self.step_scale * residual
+        if self.switch:  # switch dimensions: residual = 0 keep the base's, 1 the box's low end, 2 its high end
+            choice = residual[:, self.switch].round().long().clamp(0, 2)
+            ends = torch.ones_like(choice, dtype=a.dtype)
+            options = torch.stack([base_norm[:, self.switch], -ends, ends], dim=-1)
+            a = a.clone()
+            a[:, self.switch] = options.gather(-1, choice[..., None]).squeeze(-1)
+        return a.clamp(-1, 1) * self.action_half + self.action_loc
 
-    def dist(self, x_normed: torch.Tensor) -> torch.distributions.Normal:
-        """Gaussian over the residual ``(B, A)`` (``(B, chunk * A)`` for a chunk actor: one std per
-        action dimension, shared by the chunk's steps) for normalized inputs."""
+    def dist(self, x_normed: torch.Tensor) -> "ResidualDist":
+        """The residual's distribution for normalized inputs: Gaussian over ``(B, A)`` (``(B, chunk *
+        A)`` for a chunk actor: one std per action dimension, shared by the chunk's steps), with a
+        categorical over each of ``switch_dims`` in place of its Gaussian."""
+        out = self.actor(x_normed)
+        width = self.continuous.shape[0]
         std = self.log_std.exp().repeat(self.config.chunk)
-        return torch.distributions.Normal(self.actor(x_normed), std.expand(x_normed.shape[0], -1))
+        normal = torch.distributions.Normal(out[:, :width], std.expand(x_normed.shape[0], -1))
+        logits = out[:, width:].reshape(out.shape[0], len(self.switch), 3) + self.switch_prior if self.switch else None
+        return ResidualDist(normal, logits, self.switch)
 
-    def log_prob(self, dist: torch.distributions.Normal, r: torch.Tensor, base_norm: torch.Tensor | None = None,
+    def log_prob(self, dist: "ResidualDist | torch.distributions.Normal", r: torch.Tensor, base_norm: torch.Tensor | None = None,
                  clipped: bool = True) -> torch.Tensor:
         """Log-likelihood ``(B,)`` of residual samples ``r`` (``(B, A)`` or ``(B, chunk * A)``).
 
@@ -366,10 +404,15 @@ class ResidualPolicy(nn.Module):
         instead of its density. With the density, a dimension the task wants at its bound (a
         gripper fully closed, a point at full speed) gives a gradient that keeps pushing the mean
         outward, beyond the box, without limit; with the tail mass that gradient vanishes once the
-        mean is past the bound. ``base_norm``: ``(B, A)`` normalized base actions (``None``: 0)."""
-        logp = dist.log_prob(r)
+        mean is past the bound. ``base_norm``: ``(B, A)`` normalized base actions (``None``: 0).
+        A switch dimension adds its categorical log-probability of the chosen setting instead (a
+        plain ``Normal`` for ``dist``: no switch dimensions)."""
+        if isinstance(dist, torch.distributions.Normal):
+            dist = ResidualDist(dist, None, [])
+        switched = dist.switch_log_prob(r)
+        logp = dist.normal.log_prob(r)
         if not clipped:
-            return logp.sum(-1)
+            return torch.where(self.continuous > 0, logp, 0.0).sum(-1) + switched
         k = self.config.chunk
         base = torch.zeros_like(r) if base_norm is None else base_norm.repeat(1, k)
         scale = self.step_scale.repeat(k).expand_as(r)
@@ -381,7 +424,7 @@ class ResidualPolicy(nn.Module):
         upper = torch.special.log_ndtr((mu - hi) / std)  # log P(sample >= hi)
         lower = torch.special.log_ndtr((lo - mu) / std)  # log P(sample <= lo)
         logp = torch.where(r >= hi, upper, torch.where(r <= lo, lower, logp))
-        return logp.sum(-1)
+        return torch.where(self.continuous > 0, logp, 0.0).sum(-1) + switched
 
     def value(self, x_normed: torch.Tensor) -> torch.Tensor:
         return self.critic(x_normed).squeeze(-1)
@@ -441,6 +484,47 @@ class ResidualPolicy(nn.Module):
             raise PolicyError(f"{weights}: tensors missing (e.g. {missing[0]}): saved with another residual config")
         policy.load_state_dict(state, strict=False)
         return policy.to(device).eval()
+
+
+class ResidualDist:
+    """The residual's sampling distribution: a Gaussian ``normal`` over ``(B, W)`` and, for each
+    switch dimension, a categorical over (keep the base, low end, high end) with ``logits (B, S, 3)``.
+    A residual sample ``r (B, W)`` holds the chosen setting's index (0, 1, 2) in a switch column."""
+
+    def __init__(self, normal: torch.distributions.Normal, logits: torch.Tensor | None, switch: Sequence[int]):
+        self.normal, self.logits, self.switch = normal, logits, list(switch)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.normal.mean
+
+    @property
+    def stddev(self) -> torch.Tensor:
+        return self.normal.stddev
+
+    def sample(self, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """A residual sample; ``noise``: standard-normal draws for the Gaussian (``None``: fresh)."""
+        r = self.normal.sample() if noise is None else self.normal.mean + self.normal.stddev * noise
+        if self.logits is not None:
+            r = r.clone()
+            r[:, self.switch] = torch.distributions.Categorical(logits=self.logits).sample().float()
+        return r
+
+    def mode(self, bound=None) -> torch.Tensor:
+        """The deterministic residual: the Gaussian's mean (passed through ``bound``), the most
+        probable setting in each switch column."""
+        r = self.normal.mean if bound is None else bound(self.normal.mean)
+        if self.logits is not None:
+            r = r.clone()
+            r[:, self.switch] = self.logits.argmax(-1).float()
+        return r
+
+    def switch_log_prob(self, r: torch.Tensor) -> torch.Tensor:
+        """``(B,)``: the log-probability of the settings chosen in ``r``'s switch columns (0 without any)."""
+        if self.logits is None:
+            return torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
+        choice = r[:, self.switch].round().long().clamp(0, 2)
+        return torch.distributions.Categorical(logits=self.logits).log_prob(choice).sum(-1)
 
 
 def load_any_policy(directory: str | Path, device: str | torch.device = "cpu") -> nn.Module:

@@ -180,7 +180,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                     fresh = torch.as_tensor(since % cfg.noise_hold == 0)
                     noise[fresh] = torch.randn(int(fresh.sum()), a_dim)
                     since += 1
-                    r = policy.hold(dist.mean + dist.stddev * noise)  # decision: chunk — held between decisions
+                    r = policy.hold(dist.sample(noise))  # decision: chunk — held between decisions
                     action = policy.env_action(base_norm, r)
                     x_buf[t], r_buf[t], base_buf[t], dec_buf[t] = x, r, base_norm, policy.decides.float()
                     logp_buf[t] = policy.log_prob(dist, r, base_norm, clipped=cfg.clipped_likelihood)

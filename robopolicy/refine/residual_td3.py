@@ -138,6 +138,9 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
     policy = policy or build_policy(cfg)
     if policy.base is None or policy.config.bound <= 0:
         raise ValueError("residual TD3 needs a base policy and residual.bound > 0")
+    if policy.switch:
+        raise ValueError("residual TD3 trains a deterministic continuous residual; residual.switch_dims is for "
+                         "residual PPO")
     a_dim, d_in = policy.action_loc.shape[0], policy.norm.mean.shape[0]
     actor = policy.actor
     actor_targ = copy.deepcopy(actor).requires_grad_(False)
