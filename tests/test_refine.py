@@ -178,6 +178,15 @@ def test_a_switch_dimension_keeps_the_base_or_forces_an_end_and_learns_which():
     with torch.no_grad():
         chosen = bandit.dist(xs).mode()[:, 0]
     assert (chosen == torch.where(xs[:, 0] > 0, 2.0, 1.0)).float().mean() > 0.9
+    # a switch alone: joints at scale 0 carry no likelihood, and their gradient stays finite
+    only = ResidualPolicy(ResidualConfig(inputs=["state"], switch_dims=[5], scale_per_dim=[0.0] * 5 + [1.0]),
+                          LOW, HIGH, base=base)
+    d0 = only.dist(torch.zeros(3, only.norm.mean.shape[0]))
+    s0 = d0.sample()
+    lp = only.log_prob(d0, s0, torch.zeros(3, 6))
+    torch.testing.assert_close(lp, d0.switch_log_prob(s0))
+    lp.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in only.actor.parameters())
     with pytest.raises(PolicyError, match="needs a base"):
         ResidualPolicy(ResidualConfig(inputs=["state"], switch_dims=[0]), LOW, HIGH, state_dim=6)
     with pytest.raises(PolicyError, match="has 6 dimensions"):

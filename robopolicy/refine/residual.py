@@ -213,9 +213,6 @@ class ResidualPolicy(nn.Module):
         if any(d >= a for d in config.switch_dims):
             raise PolicyError(f"residual.switch_dims {config.switch_dims}: the action has {a} dimensions")
         self.switch = list(config.switch_dims)
-        continuous = torch.ones(a * config.chunk)
-        continuous[self.switch] = 0.0
-        self.register_buffer("continuous", continuous, persistent=False)  # 1 on the Gaussian dimensions
         p = config.switch_prob
         self.register_buffer("switch_prior", torch.log(torch.tensor([1 - 2 * p, p, p])), persistent=False)
         self.actor = mlp([d_in, *config.hidden, a * config.chunk + 3 * len(self.switch)], zero_last=True)
@@ -227,6 +224,11 @@ class ResidualPolicy(nn.Module):
         self.log_std = nn.Parameter(log_std, requires_grad=config.learn_std)
         scale = torch.as_tensor(config.scale_per_dim or [config.scale] * a, dtype=torch.float32)
         self.register_buffer("step_scale", scale if base is not None else torch.ones(a), persistent=False)
+        # 1 on the Gaussian dimensions: not a switch, and moved by the residual (a scale-0 dimension
+        # has no effect, so no likelihood either)
+        continuous = (self.step_scale > 0).float().repeat(config.chunk)
+        continuous[self.switch] = 0.0
+        self.register_buffer("continuous", continuous, persistent=False)
         self._queue: list[list[np.ndarray]] = []
         self._planned = 0  # actions queued from each base chunk
         self.fresh = torch.zeros(0, dtype=torch.bool)  # rows that decide this step (see ``decides``)
@@ -416,7 +418,9 @@ class ResidualPolicy(nn.Module):
         k = self.config.chunk
         base = torch.zeros_like(r) if base_norm is None else base_norm.repeat(1, k)
         scale = self.step_scale.repeat(k).expand_as(r)
-        inf = torch.full_like(r, float("inf"))
+        # a dimension with scale 0 has no bound on its sample; a far, finite one keeps its tail's
+        # gradient finite (an infinite one makes it NaN, even where torch.where discards it)
+        inf = torch.full_like(r, 1e6)
         safe = scale.clamp(min=1e-12)
         lo = torch.where(scale > 0, (-1.0 - base) / safe, -inf)
         hi = torch.where(scale > 0, (1.0 - base) / safe, inf)

@@ -1,0 +1,131 @@
+"""Where a PickPlace policy fails, and what a perfect gripper release would add.
+
+    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final
+    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final release=step
+    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/refine/residual_pp_switch/final release=chunk
+
+Runs a state-based ArmPickPlace policy (a plain chunk checkpoint, executed as residual PPO's
+rollouts execute it: ``execute_steps`` actions per chunk, from ``config``; or a residual
+checkpoint, deterministic) on the evaluation seeds and sorts every episode by how it ended:
+
+- ``success``;
+- ``never lifted``: the named cube never rose 2 cm off the table;
+- ``held over the bowl``: at the time limit the cube is still in the gripper, above the bowl;
+- ``held elsewhere``: still in the gripper, not above the bowl;
+- ``dropped or placed outside``: on the table (or the bowl's rim) outside the success radius.
+
+``release`` is the anchor for a gripper residual: ``step`` forces the gripper fully open on every
+step where the lifted cube is within 2 cm (xy) of the bowl's centre, ``chunk`` does so only where
+a residual with ``decision: chunk`` decides and holds it for that chunk (what a switch residual,
+``residual.switch_dims``, can do at best with this rule; on a residual checkpoint the rule
+overrides its gripper). The success gain is the share of the
+base's failures that a release alone fixes. For a residual checkpoint with switch dimensions it
+also prints how likely the residual makes "open" in those states.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from robopolicy.config import load_config  # noqa: E402
+
+LIFTED = 0.02  # cube centre height (m) that counts as lifted (it rests at 0.0125)
+NEAR = 0.02  # xy distance (m) of the cube from the bowl's centre where the release rule opens
+BOWL_RADIUS = 0.035
+
+
+@dataclass
+class FailureBenchConfig:
+    checkpoint: str = ""
+    """A plain state-based PickPlace chunk policy, or a residual checkpoint over one."""
+    config: str = "configs/refine/residual_ppo_pp_state_chunk.yaml"
+    """Residual config of a plain checkpoint's rollouts (env kwargs, execute_steps, decision)."""
+    episodes: int = 100
+    seed: int = 100_000
+    release: str = "none"
+    """``none``, ``step`` or ``chunk`` (see the module docstring)."""
+
+
+def classify(success: bool, max_z: float, z: float, dist: float) -> str:
+    if success:
+        return "success"
+    if max_z < LIFTED:
+        return "never lifted"
+    if z > LIFTED:
+        return "held over the bowl" if dist < BOWL_RADIUS else "held elsewhere"
+    return "dropped or placed outside"
+
+
+def main(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from robopolicy.refine.common import make_refine_env
+    from robopolicy.refine.residual import RESIDUAL_CONFIG, load_any_policy
+    from robopolicy.refine.residual_ppo import ResidualPPOConfig, build_policy, env_kwargs
+
+    cfg = load_config(FailureBenchConfig, None, argv)
+    if not cfg.checkpoint:
+        raise SystemExit("give checkpoint=DIR")
+    if cfg.release not in ("none", "step", "chunk"):
+        raise SystemExit(f"release must be none, step or chunk, got {cfg.release!r}")
+    torch.set_num_threads(1)
+    is_residual = (Path(cfg.checkpoint) / RESIDUAL_CONFIG).is_file()
+    rcfg = load_config(ResidualPPOConfig, cfg.config, [] if is_residual else [f"base={cfg.checkpoint}"])
+    policy = load_any_policy(cfg.checkpoint) if is_residual else build_policy(rcfg)
+    if is_residual:
+        rcfg.residual = policy.config
+    if "pickplace" not in rcfg.env.id.lower():
+        raise SystemExit(f"{cfg.config}: env {rcfg.env.id} is not ArmPickPlace")
+    if cfg.release == "chunk" and policy.config.decision != "chunk":
+        raise SystemExit("release=chunk needs residual.decision: chunk")
+    env = make_refine_env(rcfg.env, **env_kwargs(rcfg))
+    high = float(env.action_space.high[5])
+    counts: dict[str, int] = {}
+    p_open: list[float] = []
+    for e in range(cfg.episodes):
+        obs, info = env.reset(seed=cfg.seed + e)
+        policy.reset()
+        max_z, term, trunc, release_now = 0.0, False, False, False
+        while not (term or trunc):
+            batch = {k: (torch.as_tensor(np.asarray(v))[None] if not isinstance(v, str) else [v]) for k, v in obs.items()}
+            scene = np.asarray(obs["observation.environment_state"])
+            over = scene[5] > LIFTED and float(np.linalg.norm(scene[3:5] - scene[8:10])) < NEAR
+            with torch.no_grad():
+                x, base_norm = policy.residual_input(batch)
+                dist = policy.dist(policy.norm(x))
+                r = dist.mode(policy.bounded) if is_residual else torch.zeros_like(base_norm)
+                decides = bool(policy.decides[0])
+                if dist.logits is not None and 5 in policy.switch and over and decides:
+                    p_open.append(float(dist.logits[0, policy.switch.index(5)].softmax(-1)[2]))
+                action = policy.env_action(base_norm, policy.hold(r)).numpy()[0]
+            if cfg.release == "step" or decides:
+                release_now = over  # release=chunk: decided with the chunk, held over it
+            if cfg.release != "none" and release_now:
+                action[5] = high
+            obs, _r, term, trunc, info = env.step(action)
+            scene = np.asarray(obs["observation.environment_state"])
+            max_z = max(max_z, float(scene[5]))
+        kind = classify(bool(info.get("is_success")), max_z, float(scene[5]), float(np.linalg.norm(scene[3:5] - scene[8:10])))
+        counts[kind] = counts.get(kind, 0) + 1
+    n = cfg.episodes
+    print(f"\n| {cfg.checkpoint} (release: {cfg.release}) | episodes | share |\n|---|---:|---:|")
+    for kind in ("success", "never lifted", "held over the bowl", "held elsewhere", "dropped or placed outside"):
+        print(f"| {kind} | {counts.get(kind, 0)} | {counts.get(kind, 0) / n:.0%} |")
+    if p_open:
+        print(f"\nP(open) where the held cube is over the bowl ({len(p_open)} decisions): mean {np.mean(p_open):.3f}, "
+              f"median {np.median(p_open):.3f}")
+    print(f"[failures] {cfg.checkpoint}: success {counts.get('success', 0) / n:.0%} of {n} "
+          f"(release: {cfg.release})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
