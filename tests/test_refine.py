@@ -102,30 +102,42 @@ def test_the_time_input_counts_each_rows_steps_since_its_reset(tmp_path):
     np.testing.assert_allclose(again.predict(obs)[:, 0].numpy(), chunk[:, 0], atol=1e-5)
 
 
-def test_ppo_update_lowers_loss_and_learns_a_bandit():
-    torch.manual_seed(0)
-    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5), -np.ones(1), np.ones(1),
-                            state_dim=2)
+def ppo_bandit(policy: ResidualPolicy, x: torch.Tensor, reward_of, iterations: int, epochs: int = 5) -> tuple[float, float]:
+    """PPO on a contextual bandit: each iteration samples residuals for the inputs ``x``, pays
+    ``reward_of(r)`` and runs ``epochs`` clipped updates; returns the surrogate loss before and
+    after the first iteration's updates."""
     opt = torch.optim.Adam(policy.actor.parameters(), lr=1e-2)
-    x = torch.randn(256, 2)
-    # contextual bandit: reward 1 when the action's sign matches the first input's sign
-    for it in range(30):
+
+    def surrogate(r, logp, adv):
+        return ppo_loss(policy.log_prob(policy.dist(x), r, clipped=False), logp, adv, 0.2)[0]
+    first = None
+    for _ in range(iterations):
         with torch.no_grad():
             dist = policy.dist(x)
             r = dist.sample()
             logp = policy.log_prob(dist, r, clipped=False)
-            reward = (torch.sign(r[:, 0]) == torch.sign(x[:, 0])).float()
+            reward = reward_of(r).float()
             adv = (reward - reward.mean()) / (reward.std() + 1e-8)
-        first = ppo_loss(policy.log_prob(policy.dist(x), r, clipped=False), logp, adv, 0.2)[0].item()
-        for _ in range(5):
-            loss, _kl = ppo_loss(policy.log_prob(policy.dist(x), r, clipped=False), logp, adv, 0.2)
+            before = surrogate(r, logp, adv).item()
+        for _ in range(epochs):
+            loss = surrogate(r, logp, adv)
             opt.zero_grad()
             loss.backward()
             opt.step()
-        with torch.no_grad():
-            after = ppo_loss(policy.log_prob(policy.dist(x), r, clipped=False), logp, adv, 0.2)[0].item()
-        if it == 0:
-            assert after < first - 0.05  # the update lowers the surrogate loss on its batch
+        if first is None:
+            with torch.no_grad():
+                first = (before, surrogate(r, logp, adv).item())
+    return first
+
+
+def test_ppo_update_lowers_loss_and_learns_a_bandit():
+    torch.manual_seed(0)
+    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5), -np.ones(1), np.ones(1),
+                            state_dim=2)
+    x = torch.randn(256, 2)
+    # contextual bandit: reward 1 when the action's sign matches the first input's sign
+    before, after = ppo_bandit(policy, x, lambda r: torch.sign(r[:, 0]) == torch.sign(x[:, 0]), 30)
+    assert after < before - 0.05  # the first update lowers the surrogate loss on its batch
     with torch.no_grad():
         mean = policy.dist(x).mean[:, 0]
     assert (torch.sign(mean) == torch.sign(x[:, 0])).float().mean() > 0.9
@@ -161,20 +173,8 @@ def test_a_switch_dimension_keeps_the_base_or_forces_an_end_and_learns_which():
     torch.manual_seed(0)
     bandit = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[32], switch_dims=[0], switch_prob=0.1),
                             -np.ones(2), np.ones(2), base=tiny_base(action_dim=2), state_dim=6)
-    opt = torch.optim.Adam(bandit.actor.parameters(), lr=1e-2)
     xs = torch.randn(512, bandit.norm.mean.shape[0])
-    for _ in range(40):
-        with torch.no_grad():
-            d = bandit.dist(xs)
-            r = d.sample()
-            logp = bandit.log_prob(d, r, clipped=False)
-            reward = (r[:, 0] == torch.where(xs[:, 0] > 0, 2.0, 1.0)).float()
-            adv = (reward - reward.mean()) / (reward.std() + 1e-8)
-        for _ in range(5):
-            loss, _kl = ppo_loss(bandit.log_prob(bandit.dist(xs), r, clipped=False), logp, adv, 0.2)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    ppo_bandit(bandit, xs, lambda r: r[:, 0] == torch.where(xs[:, 0] > 0, 2.0, 1.0), 40)
     with torch.no_grad():
         chosen = bandit.dist(xs).mode()[:, 0]
     assert (chosen == torch.where(xs[:, 0] > 0, 2.0, 1.0)).float().mean() > 0.9
