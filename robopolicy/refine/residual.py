@@ -8,7 +8,9 @@
 Per step: the base's chunk is executed from a queue (``execute_steps`` actions of each predicted
 chunk, then the base is asked again) and the residual corrects every executed action:
 ``a = unnorm(clip(norm(a_base) + scale * r, -1, 1))`` with ``norm`` mapping the env's action box
-to [-1, 1]. The residual's input is the concatenation of the chosen ``inputs``:
+to [-1, 1]; a dimension in ``switch_dims`` (a gripper) is switched instead, per decision, between
+the base's command and the box's low or high end. The residual's input is the concatenation of
+the chosen ``inputs``:
 
 - ``state``: ``observation.state (D,)``;
 - ``features``: the base's fused memory, mean-pooled ``(d_model,)``, from its latest prediction;
@@ -396,8 +398,8 @@ class ResidualPolicy(nn.Module):
         logits = out[:, width:].reshape(out.shape[0], len(self.switch), 3) + self.switch_prior if self.switch else None
         return ResidualDist(normal, logits, self.switch)
 
-    def log_prob(self, dist: "ResidualDist | torch.distributions.Normal", r: torch.Tensor, base_norm: torch.Tensor | None = None,
-                 clipped: bool = True) -> torch.Tensor:
+    def log_prob(self, dist: "ResidualDist | torch.distributions.Normal", r: torch.Tensor,
+                 base_norm: torch.Tensor | None = None, clipped: bool = True) -> torch.Tensor:
         """Log-likelihood ``(B,)`` of residual samples ``r`` (``(B, A)`` or ``(B, chunk * A)``).
 
         The env executes ``clip(base_norm + scale * r, -1, 1)``: every sample beyond a bound
