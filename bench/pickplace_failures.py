@@ -20,7 +20,10 @@ a residual with ``decision: chunk`` decides and holds it for that chunk (what a 
 ``residual.switch_dims``, can do at best with this rule; on a residual checkpoint the rule
 overrides its gripper). The success gain is the share of the
 base's failures that a release alone fixes. For a residual checkpoint with switch dimensions it
-also prints how likely the residual makes "open" in those states.
+also prints how likely the residual makes "open" in those states. ``counterfactual=true`` asks
+what a release would do where it matters: every episode is replayed once per decision where the
+held cube is over the bowl, the gripper forced open over that decision's chunk only (the env and
+the policy are deterministic, so the replay is the same episode up to there).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 from robopolicy.config import load_config  # noqa: E402
 
@@ -52,6 +56,9 @@ class FailureBenchConfig:
     seed: int = 100_000
     release: str = "none"
     """``none``, ``step`` or ``chunk`` (see the module docstring)."""
+    counterfactual: bool = False
+    """Also replay each episode once per decision where the held cube is over the bowl, the release
+    forced over that decision's chunk only (``decision: chunk``; with ``release=none``)."""
 
 
 def classify(success: bool, max_z: float, z: float, dist: float) -> str:
@@ -84,16 +91,19 @@ def main(argv: list[str]) -> int:
         rcfg.residual = policy.config
     if "pickplace" not in rcfg.env.id.lower():
         raise SystemExit(f"{cfg.config}: env {rcfg.env.id} is not ArmPickPlace")
-    if cfg.release == "chunk" and policy.config.decision != "chunk":
-        raise SystemExit("release=chunk needs residual.decision: chunk")
+    if (cfg.release == "chunk" or cfg.counterfactual) and policy.config.decision != "chunk":
+        raise SystemExit("release=chunk and counterfactual=true need residual.decision: chunk")
+    if cfg.counterfactual and cfg.release != "none":
+        raise SystemExit("counterfactual=true replays the policy's own episodes: use it with release=none")
     env = make_refine_env(rcfg.env, **env_kwargs(rcfg))
     high = float(env.action_space.high[5])
-    counts: dict[str, int] = {}
-    p_open: list[float] = []
-    for e in range(cfg.episodes):
-        obs, info = env.reset(seed=cfg.seed + e)
+
+    def episode(seed: int, force_at: int = -1) -> dict:
+        """One deterministic episode; ``force_at`` >= 0: force the release over that decision's chunk."""
+        obs, info = env.reset(seed=seed)
         policy.reset()
-        max_z, term, trunc, release_now = 0.0, False, False, False
+        max_z, term, trunc, release_now, decision = 0.0, False, False, False, -1
+        over_decisions, p_open = [], []
         while not (term or trunc):
             batch = {k: (torch.as_tensor(np.asarray(v))[None] if not isinstance(v, str) else [v]) for k, v in obs.items()}
             scene = np.asarray(obs["observation.environment_state"])
@@ -106,15 +116,31 @@ def main(argv: list[str]) -> int:
                 if dist.logits is not None and 5 in policy.switch and over and decides:
                     p_open.append(float(dist.logits[0, policy.switch.index(5)].softmax(-1)[2]))
                 action = policy.env_action(base_norm, policy.hold(r)).numpy()[0]
-            if cfg.release == "step" or decides:
-                release_now = over  # release=chunk: decided with the chunk, held over it
-            if cfg.release != "none" and release_now:
+            if decides:
+                decision += 1
+                if over:
+                    over_decisions.append(decision)
+            if cfg.release == "step" or decides:  # release=chunk / force_at: decided with the chunk, held over it
+                release_now = over if cfg.release != "none" else decision == force_at
+            if release_now:
                 action[5] = high
             obs, _r, term, trunc, info = env.step(action)
             scene = np.asarray(obs["observation.environment_state"])
             max_z = max(max_z, float(scene[5]))
-        kind = classify(bool(info.get("is_success")), max_z, float(scene[5]), float(np.linalg.norm(scene[3:5] - scene[8:10])))
-        counts[kind] = counts.get(kind, 0) + 1
+        kind = classify(bool(info.get("is_success")), max_z, float(scene[5]),
+                        float(np.linalg.norm(scene[3:5] - scene[8:10])))
+        return {"kind": kind, "over": over_decisions, "p_open": p_open}
+
+    counts: dict[str, int] = {}
+    p_open: list[float] = []
+    forced: dict[bool, list[bool]] = {True: [], False: []}  # base outcome -> outcomes with the release forced
+    for e in tqdm(range(cfg.episodes), desc="episodes", unit="ep"):
+        res = episode(cfg.seed + e)
+        counts[res["kind"]] = counts.get(res["kind"], 0) + 1
+        p_open += res["p_open"]
+        if cfg.counterfactual:
+            for k in res["over"]:
+                forced[res["kind"] == "success"].append(episode(cfg.seed + e, force_at=k)["kind"] == "success")
     n = cfg.episodes
     print(f"\n| {cfg.checkpoint} (release: {cfg.release}) | episodes | share |\n|---|---:|---:|")
     for kind in ("success", "never lifted", "held over the bowl", "held elsewhere", "dropped or placed outside"):
@@ -122,6 +148,10 @@ def main(argv: list[str]) -> int:
     if p_open:
         print(f"\nP(open) where the held cube is over the bowl ({len(p_open)} decisions): mean {np.mean(p_open):.3f}, "
               f"median {np.median(p_open):.3f}")
+    for won, outcomes in forced.items():
+        if outcomes:
+            print(f"release forced at one decision with the held cube over the bowl, in episodes the policy "
+                  f"{'wins' if won else 'loses'}: {np.mean(outcomes):.0%} succeed ({len(outcomes)} decisions)")
     print(f"[failures] {cfg.checkpoint}: success {counts.get('success', 0) / n:.0%} of {n} "
           f"(release: {cfg.release})")
     return 0
