@@ -40,10 +40,10 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from robopolicy.config import load_config  # noqa: E402
+from sim_envs.arm import so101  # noqa: E402
 
-LIFTED = 0.02  # cube centre height (m) that counts as lifted (it rests at 0.0125)
+LIFTED = so101.CUBE_HALF + 0.0075  # cube centre height (m) that counts as lifted (it rests at CUBE_HALF)
 NEAR = 0.02  # xy distance (m) of the cube from the bowl's centre where the release rule opens
-BOWL_RADIUS = 0.035
 
 
 @dataclass
@@ -67,7 +67,7 @@ def classify(success: bool, max_z: float, z: float, dist: float) -> str:
     if max_z < LIFTED:
         return "never lifted"
     if z > LIFTED:
-        return "held over the bowl" if dist < BOWL_RADIUS else "held elsewhere"
+        return "held over the bowl" if dist < so101.BOWL_RADIUS else "held elsewhere"
     return "dropped or placed outside"
 
 

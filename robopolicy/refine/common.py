@@ -40,6 +40,20 @@ def privileged_state(env: gymnasium.Env, info: dict) -> np.ndarray:
                      f"tracking (target_distance) keys")
 
 
+
+@dataclass
+class RefineRunOptions:
+    """What every refinement loop's config shares: evaluation episodes, seeds, threads, output."""
+
+    eval_episodes: int = 20
+    eval_envs: int = 2
+    eval_seed: int = 100_000
+    """Episode ``e`` of an evaluation starts from seed ``eval_seed + e`` (as ``robopolicy eval``)."""
+    seed: int = 0
+    threads: int = 1
+    out_dir: str = "outputs/refine/run"
+    progress: bool = True
+
 class RefineEnv(gymnasium.Wrapper):
     """A task env for refinement rollouts (no torch: worker processes build it).
 

@@ -45,13 +45,14 @@ import torch
 
 from robopolicy.envs import EnvConfig
 from robopolicy.models.policy import Policy, PolicyError
-from robopolicy.refine.common import ENV_STATE, LABEL_FLAGS, Curve, EvalResult, evaluate_success, make_vector_envs
+from robopolicy.refine.common import (ENV_STATE, LABEL_FLAGS, Curve, EvalResult, RefineRunOptions, evaluate_success,
+                                      make_vector_envs)
 
 FILTERS = (*LABEL_FLAGS, "pre_failure", "unrecoverable")
 
 
 @dataclass
-class DAggerConfig:
+class DAggerConfig(RefineRunOptions):
     env: EnvConfig = field(default_factory=lambda: EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt"}))
     base: str = ""
     """Policy checkpoint to refine (a ``Policy`` directory)."""
@@ -93,13 +94,7 @@ class DAggerConfig:
     lr: float = 3e-5
     steps_per_chunk: int | None = None
     """Actions executed per predicted chunk (``None``: the whole chunk; waypoints: 1)."""
-    eval_episodes: int = 20
-    eval_envs: int = 2
-    eval_seed: int = 100_000
-    seed: int = 0
-    threads: int = 1
     out_dir: str = "outputs/refine/dagger"
-    progress: bool = True
 
     def __post_init__(self):
         bad = [f for f in self.filter if f not in FILTERS]

@@ -22,13 +22,13 @@ import numpy as np
 import torch
 
 from robopolicy.envs import EnvConfig
-from robopolicy.refine.common import (Curve, EvalResult, RewardScaler, evaluate_success, gae, make_vector_envs,
-                                      ppo_loss, single_spaces)
+from robopolicy.refine.common import (Curve, EvalResult, RefineRunOptions, RewardScaler, evaluate_success, gae,
+                                      make_vector_envs, ppo_loss, single_spaces)
 from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy
 
 
 @dataclass
-class ResidualRunConfig:
+class ResidualRunConfig(RefineRunOptions):
     """What every residual refinement loop takes (residual PPO here, residual TD3 in
     :mod:`~robopolicy.refine.residual_td3`): env, base, residual, reward, budget, evaluation."""
 
@@ -45,13 +45,7 @@ class ResidualRunConfig:
     steps); a chunk decision of k steps discounts by γ^k."""
     eval_every: int = 4_000
     """Evaluate every this many env steps (and before training, and at the end)."""
-    eval_episodes: int = 20
-    eval_envs: int = 2
-    eval_seed: int = 100_000
-    seed: int = 0
-    threads: int = 1
     out_dir: str = "outputs/refine/residual_ppo"
-    progress: bool = True
 
 
 @dataclass

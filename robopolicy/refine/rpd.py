@@ -31,14 +31,14 @@ import torch
 
 from robopolicy.envs import EnvConfig
 from robopolicy.eval.chunking import ChunkExecutor
-from robopolicy.refine.common import (Curve, RewardScaler, evaluate_success, gae, make_vector_envs, ppo_loss,
-                                      single_spaces)
+from robopolicy.refine.common import (Curve, RefineRunOptions, RewardScaler, evaluate_success, gae, make_vector_envs,
+                                      ppo_loss, single_spaces)
 from robopolicy.models.policy import PolicyError
 from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, load_any_policy
 
 
 @dataclass
-class RPDConfig:
+class RPDConfig(RefineRunOptions):
     env: EnvConfig = field(default_factory=lambda: EnvConfig("robopolicy/ArmReach-v0"))
     base: str = ""
     """Teacher checkpoint (``--base``)."""
@@ -89,13 +89,7 @@ class RPDConfig:
     max_grad_norm: float = 1.0
     reward_clip: float = 5.0
     eval_every: int = 4_000
-    eval_episodes: int = 20
-    eval_envs: int = 2
-    eval_seed: int = 100_000
-    seed: int = 0
-    threads: int = 1
     out_dir: str = "outputs/refine/rpd"
-    progress: bool = True
 
 
 def count_parameters(module: torch.nn.Module) -> int:
