@@ -197,6 +197,49 @@ def test_a_switch_dimension_keeps_the_base_or_forces_an_end_and_learns_which():
         ResidualConfig(switch_dims=[5, 5])
 
 
+def test_a_tcp_residual_moves_the_commanded_tool_point_by_its_offset_in_metres():
+    """``residual.tcp``: dimensions 0-2 move the base's commanded tool-centre point in the world
+    frame (through the arm's Jacobian); an untrained residual is the base; the offset has no box."""
+    from sim_envs.arm import so101
+    from sim_envs.arm.ik import ArmIK
+
+    low, high = so101.JOINT_LOW.astype(np.float32), so101.JOINT_HIGH.astype(np.float32)
+    base = tiny_base()
+    cfg = ResidualConfig(inputs=["state", "base_action"], tcp="so101", scale_per_dim=[0.01, 0.01, 0.01, 0, 0, 1],
+                         switch_dims=[5], log_std=-1.0)
+    policy = ResidualPolicy(cfg, low, high, base=base)
+    obs = obs_batch(b=2)
+    policy.reset(), base.reset()
+    np.testing.assert_allclose(policy.predict(obs)[:, 0].numpy(), np.clip(base.predict(obs)[:, 0].numpy(), low, high),
+                               atol=1e-5)
+    ik = ArmIK()
+    q, _ = ik.analytic(np.array([0.17, 0.05, 0.06]))  # an arm pose over the table
+    command = np.concatenate([q, [0.3]]).astype(np.float32)
+    base_norm = torch.as_tensor((command - policy.action_loc.numpy()) / policy.action_half.numpy())[None].repeat(3, 1)
+    r = torch.zeros(3, 6)
+    r[0, 0], r[1, 1], r[2, :3] = 1.0, -0.5, torch.tensor([0.5, 0.5, -0.5])
+    r[:, 5] = 2.0  # the switch still acts: fully open
+    act = policy.env_action(base_norm, r).numpy()
+    start, _ = ik.fk(command)
+    for row, want in zip(act, ([0.01, 0, 0], [0, -0.005, 0], [0.005, 0.005, -0.005])):
+        moved, _ = ik.fk(row)
+        np.testing.assert_allclose(moved - start, want, atol=5e-4)  # first order: within half a millimetre
+        assert row[4] == pytest.approx(command[4], abs=1e-5) and row[5] == pytest.approx(high[5])
+    # the offset has no action box: a sample far out scores by its density, not by a tail mass
+    d = policy.dist(torch.zeros(1, policy.norm.mean.shape[0]))
+    far = torch.tensor([[50.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(policy.log_prob(d, far, base_norm[:1]), policy.log_prob(d, far, clipped=False))
+    with pytest.raises(PolicyError, match="needs a base"):
+        ResidualPolicy(ResidualConfig(inputs=["state"], tcp="so101"), low, high, state_dim=6)
+    with pytest.raises(PolicyError, match="5 joints"):
+        ResidualPolicy(ResidualConfig(inputs=["state"], tcp="so101"), -np.ones(2), np.ones(2),
+                       base=tiny_base(action_dim=2))
+    with pytest.raises(ValueError, match="unknown arm"):
+        ResidualConfig(tcp="ur5")
+    with pytest.raises(ValueError, match="cannot be switch_dims"):
+        ResidualConfig(tcp="so101", switch_dims=[2])
+
+
 def test_dual_clip_bounds_negative_advantage_samples_whose_ratio_exploded():
     new = torch.tensor([5.0, 5.0, 0.05, 0.05], requires_grad=True)  # log-ratios: e^5 twice, ~1.05 twice
     old = torch.zeros(4)

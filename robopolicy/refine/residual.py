@@ -9,7 +9,8 @@ Per step: the base's chunk is executed from a queue (``execute_steps`` actions o
 chunk, then the base is asked again) and the residual corrects every executed action:
 ``a = unnorm(clip(norm(a_base) + scale * r, -1, 1))`` with ``norm`` mapping the env's action box
 to [-1, 1]; a dimension in ``switch_dims`` (a gripper) is switched instead, per decision, between
-the base's command and the box's low or high end. The residual's input is the concatenation of
+the base's command and the box's low or high end; with ``tcp`` (an arm) dimensions 0-2 move the
+commanded tool-centre point in metres instead of shifting joints. The residual's input is the concatenation of
 the chosen ``inputs``:
 
 - ``state``: ``observation.state (D,)``;
@@ -48,6 +49,7 @@ RESIDUAL_CONFIG = "residual.yaml"
 RESIDUAL_WEIGHTS = "residual.safetensors"
 BASE_DIR = "base"
 INPUTS = ("state", "features", "base_action", "environment_state", "time")
+TCP_ARMS = ("so101",)  # arms whose kinematics ``residual.tcp`` can use
 
 
 @dataclass
@@ -99,6 +101,16 @@ class ResidualConfig:
     switch_prob: float = 0.02
     """Initial probability of each forced setting (low, high) per decision; the rest keeps the
     base's command, which the deterministic policy (the most probable setting) starts at."""
+    tcp: str = ""
+    """Cartesian corrections over a joint-space arm base: the arm whose kinematics map them
+    (``so101``; empty: off). Residual dimensions 0-2 then move the base's commanded tool-centre
+    point by ``scale_per_dim[i] * r_i`` metres along world x, y, z, turned into a change of the
+    first four joints by the Jacobian at the base's command (damped least squares); the other
+    dimensions act as before (e.g. ``[0.01, 0.01, 0.005, 0, 0, 1]`` with ``switch_dims: [5]``: up
+    to a centimetre or so across, half that in height, the wrist left to the base, the gripper a
+    switch). A base that grasps or places a centimetre off needs one consistent xy shift, which in
+    joint space is a configuration-dependent mix of four joints; joint noise of the same size also
+    moves the tool up and down, which a grasp does not survive."""
     chunk: int = 1
     """Without a base only: actions per decision. The actor outputs ``chunk`` actions at once,
     executed open loop (a compact chunk policy, e.g. an RPD student of a chunk teacher whose
@@ -124,6 +136,11 @@ class ResidualConfig:
             raise ValueError(f"residual.switch_dims must be distinct action indices >= 0, got {self.switch_dims}")
         if not 0.0 < self.switch_prob < 0.5:
             raise ValueError(f"residual.switch_prob must be in (0, 0.5), got {self.switch_prob}")
+        if self.tcp and self.tcp not in TCP_ARMS:
+            raise ValueError(f"residual.tcp: unknown arm {self.tcp!r} (choose from {sorted(TCP_ARMS)}, or empty)")
+        if self.tcp and set(self.switch_dims) & {0, 1, 2}:
+            raise ValueError("residual.tcp: dimensions 0-2 are the tool-centre point offset; they cannot be "
+                             "switch_dims")
         if "time" in self.inputs and self.time_horizon < 1:
             raise ValueError("residual.inputs has 'time': set residual.time_horizon to the task's episode "
                              "limit in steps (e.g. 150 for ArmPushCube-v0)")
@@ -185,6 +202,9 @@ class ResidualPolicy(nn.Module):
             if config.chunk != 1:
                 raise PolicyError("residual.chunk > 1 is for a policy without a base (the residual corrects "
                                   "every executed base action)")
+        elif config.tcp:
+            raise PolicyError("residual.tcp moves the base's commanded tool-centre point; it needs a base "
+                              "policy (--base)")
         elif config.switch_dims:
             raise PolicyError("residual.switch_dims switches between the base's command and the action box's "
                               "ends; it needs a base policy (--base)")
@@ -215,6 +235,13 @@ class ResidualPolicy(nn.Module):
         if any(d >= a for d in config.switch_dims):
             raise PolicyError(f"residual.switch_dims {config.switch_dims}: the action has {a} dimensions")
         self.switch = list(config.switch_dims)
+        if config.tcp and a < 5:
+            raise PolicyError(f"residual.tcp needs an arm's joint-position action (5 joints, then the gripper); "
+                              f"this one has {a} dimensions")
+        tcp = torch.zeros(a, dtype=torch.bool)
+        tcp[:3] = bool(config.tcp)
+        self.register_buffer("tcp_dims", tcp, persistent=False)
+        self._arm: Any = None  # the arm's kinematics (``residual.tcp``), built on first use
         p = config.switch_prob
         self.register_buffer("switch_prior", torch.log(torch.tensor([1 - 2 * p, p, p])), persistent=False)
         self.actor = mlp([d_in, *config.hidden, a * config.chunk + 3 * len(self.switch)], zero_last=True)
@@ -378,14 +405,38 @@ class ResidualPolicy(nn.Module):
         if self.config.chunk > 1:
             residual = residual.reshape(residual.shape[0], self.config.chunk, -1)
             base_norm = base_norm[:, None]
-        a = base_norm + self.step_scale * residual
+        shift = torch.where(self.tcp_dims, 0.0, residual) if self.config.tcp else residual
+        a = base_norm + self.step_scale * shift
         if self.switch:  # switch dimensions: residual = 0 keep the base's, 1 the box's low end, 2 its high end
             choice = residual[:, self.switch].round().long().clamp(0, 2)
             ends = torch.ones_like(choice, dtype=a.dtype)
             options = torch.stack([base_norm[:, self.switch], -ends, ends], dim=-1)
             a = a.clone()
             a[:, self.switch] = options.gather(-1, choice[..., None]).squeeze(-1)
-        return a.clamp(-1, 1) * self.action_half + self.action_loc
+        out = a.clamp(-1, 1) * self.action_half + self.action_loc
+        if self.config.tcp:
+            out = self._tcp_shift(out, base_norm, residual)
+        return out
+
+    def _tcp_shift(self, action: torch.Tensor, base_norm: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``action (B, A)`` with the first four joints moved so that the tool-centre point of the
+        base's command moves by ``scale * residual[:, :3]`` metres (``residual.tcp``)."""
+        delta = (self.step_scale[:3] * residual[:, :3]).detach().cpu().double().numpy()
+        rows = np.flatnonzero(np.abs(delta).sum(1) > 0)
+        if len(rows) == 0:
+            return action
+        if self._arm is None:
+            from sim_envs.arm.ik import ArmIK
+
+            self._arm = ArmIK()
+        q_base = (base_norm * self.action_half + self.action_loc).detach().cpu().double().numpy()
+        shift = np.zeros((action.shape[0], 4))
+        for i in rows:
+            shift[i] = self._arm.joint_shift(q_base[i, :5], delta[i])
+        out = action.clone()
+        out[:, :4] += torch.as_tensor(shift, dtype=out.dtype, device=out.device)
+        low, high = self.action_loc - self.action_half, self.action_loc + self.action_half
+        return torch.minimum(torch.maximum(out, low), high)
 
     def dist(self, x_normed: torch.Tensor) -> "ResidualDist":
         """The residual's distribution for normalized inputs: Gaussian over ``(B, A)`` (``(B, chunk *
@@ -424,8 +475,9 @@ class ResidualPolicy(nn.Module):
         # gradient finite (an infinite one makes it NaN, even where torch.where discards it)
         inf = torch.full_like(r, 1e6)
         safe = scale.clamp(min=1e-12)
-        lo = torch.where(scale > 0, (-1.0 - base) / safe, -inf)
-        hi = torch.where(scale > 0, (1.0 - base) / safe, inf)
+        boxed = (scale > 0) & ~self.tcp_dims.repeat(k).expand_as(r)  # a tcp offset has no box of its own
+        lo = torch.where(boxed, (-1.0 - base) / safe, -inf)
+        hi = torch.where(boxed, (1.0 - base) / safe, inf)
         mu, std = dist.mean, dist.stddev
         upper = torch.special.log_ndtr((mu - hi) / std)  # log P(sample >= hi)
         lower = torch.special.log_ndtr((lo - mu) / std)  # log P(sample <= lo)

@@ -46,6 +46,20 @@ class ArmIK:
         self._set(np.asarray(q, dtype=float))
         return self.data.site_xpos[self.site].copy(), self.data.site_xmat[self.site].reshape(3, 3).copy()
 
+    def position_jacobian(self, q: np.ndarray) -> np.ndarray:
+        """``(3, 4)``: d(tcp position) / d(shoulder_pan, shoulder_lift, elbow_flex, wrist_flex) at
+        arm joints ``q`` (5 or 6 values; the roll does not move the tcp)."""
+        self._set(np.asarray(q, dtype=float))
+        mujoco.mj_comPos(self.model, self.data)
+        mujoco.mj_jacSite(self.model, self.data, self._jacp, self._jacr, self.site)
+        return self._jacp[:, self.dadr[:4]].copy()
+
+    def joint_shift(self, q: np.ndarray, delta: np.ndarray, damping: float = 0.01) -> np.ndarray:
+        """``(4,)``: the smallest change of the first four joints that moves the tcp by ``delta``
+        (metres, world frame) to first order, at arm joints ``q`` (damped least squares)."""
+        j = self.position_jacobian(q)
+        return j.T @ np.linalg.solve(j @ j.T + damping**2 * np.eye(3), np.asarray(delta, dtype=float))
+
     def gripper_yaw(self, q: np.ndarray) -> float:
         """World yaw of the jaw closing direction (gripper frame y axis projected on the table)."""
         _, rot = self.fk(q)
