@@ -229,6 +229,12 @@ def test_a_tcp_residual_moves_the_commanded_tool_point_by_its_offset_in_metres()
     d = policy.dist(torch.zeros(1, policy.norm.mean.shape[0]))
     far = torch.tensor([[50.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(policy.log_prob(d, far, base_norm[:1]), policy.log_prob(d, far, clipped=False))
+    # and its gradient is finite wherever the mean is (the tail of an unbounded dimension is not evaluated:
+    # log_ndtr's float32 gradient is NaN at some arguments near -1e6 sigma, which a far bound reached)
+    mus = torch.linspace(-3.0, 3.0, 4001)[:, None].repeat(1, 6).requires_grad_()
+    spread = torch.distributions.Normal(mus, torch.full_like(mus, float(np.exp(-1.0))))
+    policy.log_prob(spread, torch.zeros(4001, 6), base_norm[:1].expand(4001, -1)).sum().backward()
+    assert torch.isfinite(mus.grad).all()
     with pytest.raises(PolicyError, match="needs a base"):
         ResidualPolicy(ResidualConfig(inputs=["state"], tcp="so101"), low, high, state_dim=6)
     with pytest.raises(PolicyError, match="5 joints"):

@@ -471,16 +471,17 @@ class ResidualPolicy(nn.Module):
         k = self.config.chunk
         base = torch.zeros_like(r) if base_norm is None else base_norm.repeat(1, k)
         scale = self.step_scale.repeat(k).expand_as(r)
-        # a dimension with scale 0 has no bound on its sample; a far, finite one keeps its tail's
-        # gradient finite (an infinite one makes it NaN, even where torch.where discards it)
-        inf = torch.full_like(r, 1e6)
-        safe = scale.clamp(min=1e-12)
+        # a dimension with scale 0 (or a tcp offset) has no bound on its sample: its tail terms are
+        # computed at 0 and discarded. A far bound instead (the tail at ~-1e6 sigma) is not safe:
+        # log_ndtr's float32 gradient there is NaN for some arguments, and torch.where passes a
+        # discarded branch's NaN on (0 * NaN)
         boxed = (scale > 0) & ~self.tcp_dims.repeat(k).expand_as(r)  # a tcp offset has no box of its own
-        lo = torch.where(boxed, (-1.0 - base) / safe, -inf)
-        hi = torch.where(boxed, (1.0 - base) / safe, inf)
+        safe = scale.clamp(min=1e-12)
+        lo, hi = (-1.0 - base) / safe, (1.0 - base) / safe
         mu, std = dist.mean, dist.stddev
-        upper = torch.special.log_ndtr((mu - hi) / std)  # log P(sample >= hi)
-        lower = torch.special.log_ndtr((lo - mu) / std)  # log P(sample <= lo)
+        upper = torch.special.log_ndtr(torch.where(boxed, (mu - hi) / std, 0.0))  # log P(sample >= hi)
+        lower = torch.special.log_ndtr(torch.where(boxed, (lo - mu) / std, 0.0))  # log P(sample <= lo)
+        hi, lo = torch.where(boxed, hi, torch.inf), torch.where(boxed, lo, -torch.inf)
         logp = torch.where(r >= hi, upper, torch.where(r <= lo, lower, logp))
         return torch.where(self.continuous > 0, logp, 0.0).sum(-1) + switched
 
