@@ -3,6 +3,7 @@
     .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final
     .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final release=step
     .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/refine/residual_pp_switch/final release=chunk
+    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final execute_steps=16 grasp_offsets=true
 
 Runs a state-based ArmPickPlace policy (a plain chunk checkpoint, executed as residual PPO's
 rollouts execute it: ``execute_steps`` actions per chunk, from ``config``; or a residual
@@ -24,6 +25,9 @@ also prints how likely the residual makes "open" in those states. ``counterfactu
 what a release would do where it matters: every episode is replayed once per decision where the
 held cube is over the bowl, the gripper forced open over that decision's chunk only (the env and
 the policy are deterministic, so the replay is the same episode up to there).
+``grasp_offsets=true`` asks the same of a Cartesian correction (what ``residual.tcp`` can do): every
+episode that never lifts the cube is replayed once per constant xy offset of the commanded
+tool-centre point (a 5 x 5 grid, ±``offset`` metres), applied until the cube is first lifted.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class FailureBenchConfig:
     """A plain state-based PickPlace chunk policy, or a residual checkpoint over one."""
     config: str = "configs/refine/residual_ppo_pp_state_chunk.yaml"
     """Residual config of a plain checkpoint's rollouts (env kwargs, execute_steps, decision)."""
+    execute_steps: int = 0
+    """Actions executed per base chunk, replacing the config's (0: the config's; 16: whole chunks)."""
     episodes: int = 100
     seed: int = 100_000
     release: str = "none"
@@ -59,6 +65,11 @@ class FailureBenchConfig:
     counterfactual: bool = False
     """Also replay each episode once per decision where the held cube is over the bowl, the release
     forced over that decision's chunk only (``decision: chunk``; with ``release=none``)."""
+    grasp_offsets: bool = False
+    """Also replay each never-lifted episode once per xy offset of the commanded tool-centre point,
+    held until the cube is lifted (with ``release=none``)."""
+    offset: float = 0.01
+    """Largest grasp offset (m) of that grid."""
 
 
 def classify(success: bool, max_z: float, z: float, dist: float) -> str:
@@ -86,6 +97,8 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     is_residual = (Path(cfg.checkpoint) / RESIDUAL_CONFIG).is_file()
     rcfg = load_config(ResidualPPOConfig, cfg.config, [] if is_residual else [f"base={cfg.checkpoint}"])
+    if cfg.execute_steps and not is_residual:
+        rcfg.residual.execute_steps = cfg.execute_steps
     policy = load_any_policy(cfg.checkpoint) if is_residual else build_policy(rcfg)
     if is_residual:
         rcfg.residual = policy.config
@@ -93,13 +106,20 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"{cfg.config}: env {rcfg.env.id} is not ArmPickPlace")
     if (cfg.release == "chunk" or cfg.counterfactual) and policy.config.decision != "chunk":
         raise SystemExit("release=chunk and counterfactual=true need residual.decision: chunk")
-    if cfg.counterfactual and cfg.release != "none":
-        raise SystemExit("counterfactual=true replays the policy's own episodes: use it with release=none")
+    if (cfg.counterfactual or cfg.grasp_offsets) and cfg.release != "none":
+        raise SystemExit("counterfactual=true and grasp_offsets=true replay the policy's own episodes: use them "
+                         "with release=none")
     env = make_refine_env(rcfg.env, **env_kwargs(rcfg))
     high = float(env.action_space.high[5])
+    arm = None
+    if cfg.grasp_offsets:
+        from sim_envs.arm.ik import ArmIK
 
-    def episode(seed: int, force_at: int = -1) -> dict:
-        """One deterministic episode; ``force_at`` >= 0: force the release over that decision's chunk."""
+        arm = ArmIK()
+
+    def episode(seed: int, force_at: int = -1, grasp_shift: np.ndarray | None = None) -> dict:
+        """One deterministic episode; ``force_at`` >= 0: force the release over that decision's chunk;
+        ``grasp_shift``: move the commanded tool-centre point by it (m) until the cube is lifted."""
         obs, info = env.reset(seed=seed)
         policy.reset()
         max_z, term, trunc, release_now, decision = 0.0, False, False, False, -1
@@ -124,6 +144,10 @@ def main(argv: list[str]) -> int:
                 release_now = over if cfg.release != "none" else decision == force_at
             if release_now:
                 action[5] = high
+            if grasp_shift is not None and max_z < LIFTED:
+                action = action.astype(np.float64)
+                action[:4] += arm.joint_shift(action[:5], grasp_shift)
+                action = np.clip(action, env.action_space.low, env.action_space.high)
             obs, _r, term, trunc, info = env.step(action)
             scene = np.asarray(obs["observation.environment_state"])
             max_z = max(max_z, float(scene[5]))
@@ -134,6 +158,8 @@ def main(argv: list[str]) -> int:
     counts: dict[str, int] = {}
     p_open: list[float] = []
     forced: dict[bool, list[bool]] = {True: [], False: []}  # base outcome -> outcomes with the release forced
+    grid = np.linspace(-cfg.offset, cfg.offset, 5)
+    shifted: list[int] = []  # per never-lifted episode: how many grid offsets succeed
     for e in tqdm(range(cfg.episodes), desc="episodes", unit="ep"):
         res = episode(cfg.seed + e)
         counts[res["kind"]] = counts.get(res["kind"], 0) + 1
@@ -141,6 +167,9 @@ def main(argv: list[str]) -> int:
         if cfg.counterfactual:
             for k in res["over"]:
                 forced[res["kind"] == "success"].append(episode(cfg.seed + e, force_at=k)["kind"] == "success")
+        if cfg.grasp_offsets and res["kind"] == "never lifted":
+            shifted.append(sum(episode(cfg.seed + e, grasp_shift=np.array([dx, dy, 0.0]))["kind"] == "success"
+                               for dx in grid for dy in grid))
     n = cfg.episodes
     print(f"\n| {cfg.checkpoint} (release: {cfg.release}) | episodes | share |\n|---|---:|---:|")
     for kind in ("success", "never lifted", "held over the bowl", "held elsewhere", "dropped or placed outside"):
@@ -152,6 +181,11 @@ def main(argv: list[str]) -> int:
         if outcomes:
             print(f"release forced at one decision with the held cube over the bowl, in episodes the policy "
                   f"{'wins' if won else 'loses'}: {np.mean(outcomes):.0%} succeed ({len(outcomes)} decisions)")
+    if shifted:
+        fixed = sum(k > 0 for k in shifted)
+        print(f"grasp offsets (xy grid of 25 within ±{cfg.offset * 100:.1f} cm, until the lift): {fixed} of "
+              f"{len(shifted)} never-lifted episodes succeed with at least one; {np.mean(shifted) / 25:.0%} of the "
+              f"offsets succeed on average")
     print(f"[failures] {cfg.checkpoint}: success {counts.get('success', 0) / n:.0%} of {n} "
           f"(release: {cfg.release})")
     return 0
