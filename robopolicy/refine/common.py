@@ -40,7 +40,6 @@ def privileged_state(env: gymnasium.Env, info: dict) -> np.ndarray:
                      f"tracking (target_distance) keys")
 
 
-
 @dataclass
 class RefineRunOptions:
     """What every refinement loop's config shares: evaluation episodes, seeds, threads, output."""
@@ -53,6 +52,7 @@ class RefineRunOptions:
     threads: int = 1
     out_dir: str = "outputs/refine/run"
     progress: bool = True
+
 
 class RefineEnv(gymnasium.Wrapper):
     """A task env for refinement rollouts (no torch: worker processes build it).

@@ -46,13 +46,19 @@ class ArmIK:
         self._set(np.asarray(q, dtype=float))
         return self.data.site_xpos[self.site].copy(), self.data.site_xmat[self.site].reshape(3, 3).copy()
 
+    def _jacobians(self) -> tuple[np.ndarray, np.ndarray]:
+        """(positional, rotational) ``(3, 4)`` Jacobians of the tcp over the first four joints, at the
+        configuration :meth:`_set` last put the model in."""
+        mujoco.mj_comPos(self.model, self.data)
+        mujoco.mj_jacSite(self.model, self.data, self._jacp, self._jacr, self.site)
+        cols = self.dadr[:4]
+        return self._jacp[:, cols], self._jacr[:, cols]
+
     def position_jacobian(self, q: np.ndarray) -> np.ndarray:
         """``(3, 4)``: d(tcp position) / d(shoulder_pan, shoulder_lift, elbow_flex, wrist_flex) at
         arm joints ``q`` (5 or 6 values; the roll does not move the tcp)."""
         self._set(np.asarray(q, dtype=float))
-        mujoco.mj_comPos(self.model, self.data)
-        mujoco.mj_jacSite(self.model, self.data, self._jacp, self._jacr, self.site)
-        return self._jacp[:, self.dadr[:4]].copy()
+        return self._jacobians()[0].copy()
 
     def joint_shift(self, q: np.ndarray, delta: np.ndarray, damping: float = 0.01) -> np.ndarray:
         """``(4,)``: the smallest change of the first four joints that moves the tcp by ``delta``
@@ -135,8 +141,7 @@ class ArmIK:
         """
         target = np.asarray(target, dtype=float)
         q = np.clip(np.array(q_init[:5], dtype=float), self.low, self.high)
-        m, d = self.model, self.data
-        cols = self.dadr[:4]
+        d = self.data
         reg = (damping**2) * np.eye(4)
         w2 = orient_weight**2
         err_norm = np.inf
@@ -154,14 +159,11 @@ class ArmIK:
                 rot_err = 0.0
             if err_norm < tol and rot_err < 1e-3:
                 break
-            mujoco.mj_comPos(m, d)
-            mujoco.mj_jacSite(m, d, self._jacp, self._jacr, self.site)
-            jp = self._jacp[:, cols]
+            jp, jr = self._jacobians()
             # damped least squares in normal-equation form: (JᵀJ + λ²I) dq = Jᵀe
             lhs = jp.T @ jp + reg
             rhs = jp.T @ e_pos
             if point_down:
-                jr = self._jacr[:, cols]
                 jr = jr - np.outer(ax, ax @ jr)  # roll about the gripper axis is free
                 lhs += w2 * (jr.T @ jr)
                 rhs += w2 * (jr.T @ e_rot)
