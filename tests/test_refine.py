@@ -779,6 +779,32 @@ def test_chunk_decisions_hold_the_residual_over_each_base_chunk():
         ResidualPolicy(ResidualConfig(inputs=["state"], decision="chunk"), LOW, HIGH, state_dim=6)
 
 
+def test_decision_every_splits_each_base_chunk_into_held_corrections():
+    base = tiny_base()
+    policy = ResidualPolicy(ResidualConfig(inputs=["state", "base_action"], execute_steps=6, decision="chunk",
+                                           decision_every=2), LOW, HIGH, base=base)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(policy.actor[-1].weight)
+    policy.reset()
+    held, fresh = [], []
+    for t in range(9):
+        obs = obs_batch(b=2, seed=t)
+        if t == 3:
+            policy.reset([1])  # row 1 restarts mid-chunk: its new chunk's first step decides
+        policy.predict(obs)
+        held.append(policy._held.clone())
+        fresh.append(policy.decides.tolist())
+    assert [f[0] for f in fresh] == [True, False, True, False, True, False, True, False, True]
+    assert [f[1] for f in fresh] == [True, False, True, True, False, True, False, True, False]
+    for t in (1, 3, 5, 7):  # row 0 holds each correction over two steps, then takes a fresh one
+        torch.testing.assert_close(held[t][0], held[t - 1][0])
+        assert not torch.allclose(held[t + 1][0], held[t][0])
+    with pytest.raises(ValueError, match="decision_every"):
+        ResidualConfig(decision="step", decision_every=2)
+    with pytest.raises(ValueError, match="decision_every"):
+        ResidualConfig(decision="chunk", decision_every=-1)
+
+
 def test_residual_ppo_with_chunk_decisions_learns_a_task_with_a_known_answer(tmp_path):
     """Over a base that does nothing, a residual that decides once per base chunk (held for its 4
     steps, one semi-MDP transition each) learns to move the point to its goal."""

@@ -83,6 +83,11 @@ class ResidualConfig:
     semi-MDP: the chunk's discounted reward, γ^k to the next decision), so a 200-step episode is
     ~25 decisions instead of 200, and each exploratory correction moves the arm coherently for the
     whole chunk instead of being averaged away by the joints' tracking."""
+    decision_every: int = 0
+    """With ``decision: chunk``: decide again every this many executed steps of a base chunk (0:
+    once per chunk). E.g. 4 with whole chunks of 16: four corrections per chunk, each held over
+    4 steps, so the residual can react within a long open-loop chunk (stop a push that would
+    carry the cube past its zone) at a quarter of the decisions of ``step``."""
     time_horizon: int = 0
     """With the ``time`` input: the step count it is divided by (the task's episode limit, e.g.
     150 for ArmPushCube), so the input runs 0 → 1 over an episode."""
@@ -126,6 +131,9 @@ class ResidualConfig:
             raise ValueError("residual.chunk must be >= 1")
         if self.decision not in ("step", "chunk"):
             raise ValueError(f"residual.decision must be 'step' or 'chunk', got {self.decision!r}")
+        if self.decision_every < 0 or (self.decision_every and self.decision != "chunk"):
+            raise ValueError(f"residual.decision_every must be >= 0 and needs decision: chunk, got "
+                             f"{self.decision_every} with decision: {self.decision}")
         if not all(np.isfinite(v) for v in [self.log_std, *self.log_std_per_dim]):
             raise ValueError("residual.log_std and residual.log_std_per_dim must be finite")
         if any(not (np.isfinite(v) and v >= 0) for v in [self.scale, *self.scale_per_dim]):
@@ -309,7 +317,8 @@ class ResidualPolicy(nn.Module):
     def decides(self) -> torch.Tensor:
         """``(B,)`` bool: the rows whose residual decides on this step — every row with
         ``decision: step``, else the rows whose base chunk was planned by the latest
-        :meth:`residual_input` call."""
+        :meth:`residual_input` call (and, with ``decision_every``, the rows that reached one of its
+        multiples within their chunk)."""
         return self.fresh if self.config.decision == "chunk" else torch.ones_like(self.fresh)
 
     def bounded(self, r: torch.Tensor) -> torch.Tensor:
@@ -364,8 +373,11 @@ class ResidualPolicy(nn.Module):
             self._planned = n
         elif max(self.base.config.context_strides) > 0 and not peek:
             self.base.observe(obs)
-        if not peek:  # a row whose chunk is still whole starts executing it now (it may have been planned by a peek)
-            self.fresh = torch.as_tensor([len(q) == self._planned for q in self._queue], dtype=torch.bool)
+        if not peek:  # a row whose chunk is still whole starts executing it now (it may have been planned by a
+            # peek); with decision_every, also a row that has executed a multiple of it from its chunk
+            every = self.config.decision_every or self._planned
+            self.fresh = torch.as_tensor([(self._planned - len(q)) % every == 0 for q in self._queue],
+                                         dtype=torch.bool)
         acts = torch.as_tensor(np.stack([q[0] if peek else q.pop(0) for q in self._queue]), dtype=torch.float32)
         return acts, self._features
 
