@@ -90,3 +90,20 @@ def test_shipped_configs_load():
     load_config(SimViewConfig, root / "sim" / "view.yaml")
     for f in sorted((root / "envs").glob("*.yaml")):
         load_config(EnvConfig, f)
+
+
+def test_shipped_refine_configs_load_into_their_methods_config():
+    """Every ``configs/refine/*.yaml`` is a valid config of the method its name starts with, so a
+    key renamed in code (or mistyped in a config) fails here rather than in a long run."""
+    from pathlib import Path
+
+    from robopolicy.refine import dagger, residual_ppo, residual_td3, rpd
+
+    classes = {"residual_ppo": residual_ppo.ResidualPPOConfig, "ppo_scratch": residual_ppo.ResidualPPOConfig,
+               "residual_td3": residual_td3.ResidualTD3Config, "dagger": dagger.DAggerConfig, "rpd": rpd.RPDConfig}
+    files = sorted((Path(__file__).resolve().parents[1] / "configs" / "refine").glob("*.yaml"))
+    assert len(files) >= 10
+    for f in files:
+        prefix = [p for p in classes if f.stem.startswith(p)]
+        assert prefix, f"{f.name}: no refine method named by its prefix ({list(classes)})"
+        load_config(classes[prefix[0]], f)
