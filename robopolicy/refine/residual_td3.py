@@ -7,7 +7,8 @@ updates, so a sparse success signal that PPO would have to see in thousands of f
 is propagated by the critic's bootstrapped targets instead.
 
 Read top to bottom: build envs and the policy → every env step: the rows that decide (every
-step, or each base chunk's first step with ``residual.decision: chunk``) close their previous
+step; with ``residual.decision: chunk`` each base chunk's first step, and every
+``residual.decision_every`` steps of it when set) close their previous
 transition (semi-MDP: the discounted reward collected since, γ^k to now) and draw a correction
 ``actor(x) + σ·ε`` → step the envs → after ``learning_starts`` decisions, ``updates_per_decision``
 critic updates per new decision (clipped double Q with target-policy smoothing, LayerNorm
