@@ -97,13 +97,13 @@ def test_shipped_refine_configs_load_into_their_methods_config():
     key renamed in code (or mistyped in a config) fails here rather than in a long run."""
     from pathlib import Path
 
-    from robopolicy.refine import dagger, residual_ppo, residual_td3, rpd
+    from robopolicy.commands.refine import config_class
 
-    classes = {"residual_ppo": residual_ppo.ResidualPPOConfig, "ppo_scratch": residual_ppo.ResidualPPOConfig,
-               "residual_td3": residual_td3.ResidualTD3Config, "dagger": dagger.DAggerConfig, "rpd": rpd.RPDConfig}
+    methods = {"residual_ppo": "residual-ppo", "ppo_scratch": "ppo", "residual_td3": "residual-td3",
+               "dagger": "dagger", "rpd": "rpd"}
     files = sorted((Path(__file__).resolve().parents[1] / "configs" / "refine").glob("*.yaml"))
     assert len(files) >= 10
     for f in files:
-        prefix = [p for p in classes if f.stem.startswith(p)]
-        assert prefix, f"{f.name}: no refine method named by its prefix ({list(classes)})"
-        load_config(classes[prefix[0]], f)
+        prefix = [p for p in methods if f.stem.startswith(p)]
+        assert prefix, f"{f.name}: no refine method named by its prefix ({list(methods)})"
+        load_config(config_class(methods[prefix[0]]), f)

@@ -34,6 +34,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_refine)
 
 
+def config_class(method: str) -> type:
+    """The config dataclass a refine method loads (imported here, so ``robopolicy --help`` needs no torch)."""
+    if method in ("residual-ppo", "ppo"):
+        from robopolicy.refine.residual_ppo import ResidualPPOConfig as cls
+    elif method == "residual-td3":
+        from robopolicy.refine.residual_td3 import ResidualTD3Config as cls
+    elif method == "dagger":
+        from robopolicy.refine.dagger import DAggerConfig as cls
+    elif method == "rpd":
+        from robopolicy.refine.rpd import RPDConfig as cls
+    else:
+        raise ValueError(f"unknown refine method {method!r}; one of {METHODS}")
+    return cls
+
+
 def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
     if args.base:
@@ -55,10 +70,10 @@ def cmd_refine(args: argparse.Namespace) -> int:
 
     overrides = _overrides(args)
     try:
+        cfg = load_config(config_class(args.method), args.config, overrides)
         if args.method in ("residual-ppo", "ppo"):
             from robopolicy.refine import residual_ppo
 
-            cfg = load_config(residual_ppo.ResidualPPOConfig, args.config, overrides)
             if args.method == "ppo":
                 if cfg.base:
                     print("robopolicy refine: --method ppo trains from scratch; drop --base (or use residual-ppo)")
@@ -73,7 +88,6 @@ def cmd_refine(args: argparse.Namespace) -> int:
         elif args.method == "residual-td3":
             from robopolicy.refine import residual_td3
 
-            cfg = load_config(residual_td3.ResidualTD3Config, args.config, overrides)
             if not cfg.base:
                 print("robopolicy refine: --method residual-td3 needs --base CKPT")
                 return 2
@@ -84,7 +98,6 @@ def cmd_refine(args: argparse.Namespace) -> int:
         elif args.method == "dagger":
             from robopolicy.refine import dagger
 
-            cfg = load_config(dagger.DAggerConfig, args.config, overrides)
             if not cfg.base:
                 print("robopolicy refine: --method dagger needs --base CKPT")
                 return 2
@@ -99,7 +112,6 @@ def cmd_refine(args: argparse.Namespace) -> int:
         else:
             from robopolicy.refine import rpd
 
-            cfg = load_config(rpd.RPDConfig, args.config, overrides)
             if not cfg.base:
                 print("robopolicy refine: --method rpd needs --base CKPT (the teacher)")
                 return 2
