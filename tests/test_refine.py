@@ -3,6 +3,7 @@ clear errors, checkpoint round trip (and ``robopolicy.eval`` runs the combined c
 
 from __future__ import annotations
 
+import csv
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,7 @@ from robopolicy.models.encoders import EncoderConfig
 from robopolicy.models.language import LanguageConfig
 from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
 from robopolicy.refine import dagger
-from robopolicy.refine.common import RewardScaler, evaluate_success, gae, ppo_loss, tracking_metrics
+from robopolicy.refine.common import Curve, RewardScaler, evaluate_success, gae, ppo_loss, tracking_metrics
 from robopolicy.refine.residual import BASE_DIR, ResidualConfig, ResidualPolicy, load_any_policy
 
 LOW, HIGH = -np.full(6, 20.0, np.float32), np.full(6, 20.0, np.float32)
@@ -829,13 +830,20 @@ def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_pat
                          execute_steps=4, decision="chunk", bound=1.0)
     cfg = residual_td3.ResidualTD3Config(
         env=EnvConfig("robopolicy/PointReach-v0"), reward="sparse", residual=res, total_env_steps=12_000, num_envs=2,
-        learning_starts=500, updates_per_decision=2, batch_size=128, critic_hidden=[64, 64], eval_every=12_000,
+        learning_starts=500, updates_per_decision=2, batch_size=128, critic_hidden=[64, 64], eval_every=6_000,
         eval_episodes=50, eval_envs=1, out_dir=str(tmp_path / "td3"), progress=False)
     base = residual_ppo.build_policy(residual_ppo.ResidualPPOConfig(env=cfg.env, residual=res), base=point_teacher())
     summary = residual_td3.train(cfg, policy=base, log=lambda s: None)
     assert summary["before"] <= 0.1 and summary["after"] >= 0.8  # 96-98% over seeds 0-2
     assert summary["updates"] >= 1.5 * (summary["decisions"] - 500)  # two updates per decision after the warm-up
     assert (tmp_path / "td3" / "critics.safetensors").is_file()
+    # two evaluations: the better one's policy is kept in best/ (the earlier on a tie)
+    rows = [(int(r["env_steps"]), float(r["success"])) for r in
+            csv.DictReader(open(tmp_path / "td3" / "curve.csv"))][1:]
+    assert [s for s, _ in rows] == [6_000, 12_000]
+    assert summary["best"] == max(sr for _, sr in rows) >= summary["after"]
+    assert summary["best_env_steps"] == next(s for s, sr in rows if sr == summary["best"])
+    assert isinstance(load_any_policy(summary["best_checkpoint"]), ResidualPolicy)
     loaded = load_any_policy(summary["checkpoint"])
     assert isinstance(loaded, ResidualPolicy) and loaded.base is not None
     with pytest.raises(ValueError, match="needs a base"):
@@ -847,3 +855,14 @@ def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_pat
     # the saved residual keeps its bound, which predict() applies as training did
     assert loaded.config.bound == 1.0
     torch.testing.assert_close(loaded.bounded(torch.tensor([[5.0, -0.5]])), torch.tensor([[1.0, -0.5]]))
+
+
+def test_curve_best_is_the_highest_refined_point_and_the_earliest_on_ties(tmp_path):
+    """The starting policy's row never counts as best; ties keep the earlier point."""
+    curve = Curve(tmp_path, "curve")
+    curve.add(0, 0.9)
+    assert curve.best() is None and not curve.is_best()
+    for steps, success, best in ((10, 0.5, True), (20, 0.7, True), (30, 0.7, False), (40, 0.6, False)):
+        curve.add(steps, success)
+        assert curve.is_best() == best
+    assert curve.best() == {"env_steps": 20, "success": 0.7}

@@ -359,6 +359,16 @@ class Curve:
         """First env-step count at which success reached ``level`` (``None``: never)."""
         return next((int(r["env_steps"]) for r in self.rows if r["success"] >= level), None)
 
+    def best(self) -> dict[str, float] | None:
+        """The evaluation with the highest success after the first row (the starting policy), the
+        earliest on ties; ``None`` before any. The curve need not rise, so a run keeps this point's
+        policy beside its final one."""
+        return max(self.rows[1:], key=lambda r: r["success"], default=None)
+
+    def is_best(self) -> bool:
+        """Whether the last evaluation is :meth:`best` (the one to save as ``best/``)."""
+        return len(self.rows) > 1 and self.best() is self.rows[-1]
+
     def save(self) -> tuple[Path, Path | None]:
         csv_path = self.out / f"{self.name}.csv"
         keys = list(dict.fromkeys(k for r in self.rows for k in r))

@@ -110,7 +110,8 @@ def evaluate(policy: ResidualPolicy, cfg: ResidualRunConfig) -> EvalResult:
 
 def periodic_evaluation(policy: ResidualPolicy, cfg: ResidualRunConfig, curve: Curve, env_steps: int, t0: float,
                         window_episodes: int, window_successes: int, log: Callable[[str], None], **extra) -> None:
-    """Evaluate during training: a curve point and a log line. Beside the deterministic success, the
+    """Evaluate during training: a curve point, a log line, and the policy saved to ``best/`` when this
+    evaluation is the best so far (:meth:`Curve.best`). Beside the deterministic success, the
     sampled policy's success on the training episodes that ended since the last evaluation shows
     whether the loop improves its own (noisy) objective. ``extra``: more curve columns."""
     elapsed = policy.elapsed.copy()
@@ -121,10 +122,19 @@ def periodic_evaluation(policy: ResidualPolicy, cfg: ResidualRunConfig, curve: C
     more = "".join(f"; {v} {k}" for k, v in extra.items())
     log(f"[refine] {env_steps} env steps: success {res.success:.1%} "
         f"(sampled, training: {train_sr:.1%} of {window_episodes}{more})")
+    if curve.is_best():
+        policy.save(Path(cfg.out_dir) / "best")
     # evaluation used the policy's queues: the training rows plan their chunks afresh (a residual
     # TD3 row's open transition ends at that new decision), but their episodes go on: keep their step counts
     policy.reset()
     policy.elapsed = elapsed
+
+
+def best_summary(curve: Curve, out: Path) -> dict:
+    """Summary fields of the best evaluation (:meth:`Curve.best`) and its checkpoint."""
+    best = curve.best()
+    return {"best": best["success"] if best else None, "best_env_steps": int(best["env_steps"]) if best else None,
+            "best_checkpoint": str(out / "best") if best else None}
 
 
 def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Callable[[str], None] = print) -> dict:
@@ -246,7 +256,8 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     policy.save(out / "final")
     summary = {"before": before.success, "after": after.success, "env_steps": env_steps,
                "steps_to_80": curve.steps_to(0.8), "seconds": time.perf_counter() - t0,
-               "checkpoint": str(out / "final"), "curve_csv": str(out / "curve.csv"), "curve_png": str(out / "curve.png")}
+               "checkpoint": str(out / "final"), **best_summary(curve, out),
+               "curve_csv": str(out / "curve.csv"), "curve_png": str(out / "curve.png")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

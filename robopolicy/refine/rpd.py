@@ -147,7 +147,6 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     env_steps, next_eval, bc = 0, cfg.eval_every, cfg.bc_weight
     ppo_on = False
     train_eps: list[bool] = []  # success of the training episodes since the last evaluation
-    best: tuple[int, float] | None = None  # (env steps, success) of the best evaluation
     buf_x = buf_y = None  # the BC buffer (bc_buffer > 0): raw student inputs and teacher labels
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
@@ -253,8 +252,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                 train_sr = float(np.mean(train_eps)) if train_eps else float("nan")
                 train_eps.clear()
                 curve.add(env_steps, res.success, bc_weight=bc, bc_loss=float(bc_loss.item()), train_success=train_sr)
-                if best is None or res.success > best[1]:  # the curve need not rise: keep its best point
-                    best = (env_steps, res.success)
+                if curve.is_best():
                     student.save(out / "best")
                 log(f"[rpd] {env_steps} env steps: student success {res.success:.1%}, sampled {train_sr:.1%} in "
                     f"training (bc weight {bc:.3f}, "
@@ -263,11 +261,13 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
         bar.close()
         envs.close()
     student.save(out / "final")
+    best = curve.best()
     latency = {name: _latency_ms(p, cfg, kw) for name, p in (("teacher", teacher_wrap), ("student", student))}
     n_teacher = count_parameters(teacher_wrap.base if teacher_wrap.base is not None else teacher_wrap)
     summary = {"teacher_success": teacher_res.success, "student_before": before.success,
                "student_after": curve.rows[-1]["success"], "teacher_params": n_teacher,
-               "student_best": best[1] if best else None, "best_env_steps": best[0] if best else None,
+               "student_best": best["success"] if best else None,
+               "best_env_steps": int(best["env_steps"]) if best else None,
                "best_checkpoint": str(out / "best") if best else None,
                "student_params": count_parameters(student.actor) + student.log_std.numel(),
                "latency_ms": latency, "latency_ratio": latency["teacher"] / max(latency["student"], 1e-9),
