@@ -4,6 +4,7 @@ clear errors, checkpoint round trip (and ``robopolicy.eval`` runs the combined c
 from __future__ import annotations
 
 import csv
+
 import numpy as np
 import pytest
 import torch
