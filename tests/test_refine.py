@@ -840,7 +840,7 @@ def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_pat
     assert (tmp_path / "td3" / "critics.safetensors").is_file()
     # two evaluations: the better one's policy is kept in best/ (the earlier on a tie)
     rows = [(int(r["env_steps"]), float(r["success"])) for r in
-            csv.DictReader(open(tmp_path / "td3" / "curve.csv"))][1:]
+            csv.DictReader((tmp_path / "td3" / "curve.csv").read_text().splitlines())][1:]
     assert [s for s, _ in rows] == [6_000, 12_000]
     assert summary["best"] == max(sr for _, sr in rows) >= summary["after"]
     assert summary["best_env_steps"] == next(s for s, sr in rows if sr == summary["best"])
