@@ -867,3 +867,5 @@ def test_curve_best_is_the_highest_refined_point_and_the_earliest_on_ties(tmp_pa
         curve.add(steps, success)
         assert curve.is_best() == best
     assert curve.best() == {"env_steps": 20, "success": 0.7}
+    assert curve.best_summary() == {"best": 0.7, "best_env_steps": 20, "best_checkpoint": str(tmp_path / "best")}
+    assert curve.best_summary(above=0.9)["best"] is None  # DAgger: kept only when it beats its base

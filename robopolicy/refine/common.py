@@ -369,6 +369,15 @@ class Curve:
         """Whether the last evaluation is :meth:`best` (the one to save as ``best/``)."""
         return len(self.rows) > 1 and self.best() is self.rows[-1]
 
+    def best_summary(self, above: float = float("-inf")) -> dict:
+        """Summary fields of :meth:`best` and its checkpoint (``best/`` beside the curve); all ``None``
+        when there is none or its success is not above ``above``."""
+        best = self.best()
+        if best is None or best["success"] <= above:
+            return {"best": None, "best_env_steps": None, "best_checkpoint": None}
+        return {"best": best["success"], "best_env_steps": int(best["env_steps"]),
+                "best_checkpoint": str(self.out / "best")}
+
     def save(self) -> tuple[Path, Path | None]:
         csv_path = self.out / f"{self.name}.csv"
         keys = list(dict.fromkeys(k for r in self.rows for k in r))

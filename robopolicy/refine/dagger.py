@@ -368,7 +368,6 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
     env_steps, dropped, flagged = 0, 0, dict.fromkeys(FILTERS, 0)
-    best = (before.success, None)
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
         beta = cfg.beta0 * cfg.beta_decay**it
@@ -387,8 +386,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         bar.set_description(f"iteration {it}: evaluating")
         res = evaluate(policy, cfg, waypoints)
         curve.add(env_steps, res.success, **res.metrics)
-        if res.success > best[0]:
-            best = (res.success, env_steps)
+        if curve.is_best() and res.success > before.success:
             policy.save(out / "best")
         bar.clear()  # the line goes above the bar, not into it
         log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states, aggregate {len(data)}, "
@@ -402,8 +400,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
                "flagged_states": flagged,
                "aggregate_states": len(data),
                "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
-               "best": best[0] if best[1] is not None else None, "best_env_steps": best[1],
-               "best_checkpoint": str(out / "best") if best[1] is not None else None,
+               **curve.best_summary(above=before.success),
                "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

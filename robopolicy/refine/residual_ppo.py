@@ -130,13 +130,6 @@ def periodic_evaluation(policy: ResidualPolicy, cfg: ResidualRunConfig, curve: C
     policy.elapsed = elapsed
 
 
-def best_summary(curve: Curve, out: Path) -> dict:
-    """Summary fields of the best evaluation (:meth:`Curve.best`) and its checkpoint."""
-    best = curve.best()
-    return {"best": best["success"] if best else None, "best_env_steps": int(best["env_steps"]) if best else None,
-            "best_checkpoint": str(out / "best") if best else None}
-
-
 def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Callable[[str], None] = print) -> dict:
     """Run residual PPO; returns a summary (before / after success, steps to 80%, paths)."""
     from tqdm import tqdm
@@ -256,7 +249,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     policy.save(out / "final")
     summary = {"before": before.success, "after": after.success, "env_steps": env_steps,
                "steps_to_80": curve.steps_to(0.8), "seconds": time.perf_counter() - t0,
-               "checkpoint": str(out / "final"), **best_summary(curve, out),
+               "checkpoint": str(out / "final"), **curve.best_summary(),
                "curve_csv": str(out / "curve.csv"), "curve_png": str(out / "curve.png")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

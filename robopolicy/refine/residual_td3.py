@@ -35,8 +35,8 @@ from torch import nn
 
 from robopolicy.refine.common import Curve, make_vector_envs
 from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
-from robopolicy.refine.residual_ppo import (ResidualRunConfig, best_summary, build_policy as build_residual, env_kwargs,
-                                            evaluate, periodic_evaluation)
+from robopolicy.refine.residual_ppo import (ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate,
+                                            periodic_evaluation)
 
 
 @dataclass
@@ -250,7 +250,7 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
     save_file({k: v.contiguous() for k, v in qs.state_dict().items()}, str(out / "critics.safetensors"))
     summary = {"before": before.success, "after": curve.rows[-1]["success"], "env_steps": env_steps, "decisions": decisions,
                "updates": updates, "steps_to_80": curve.steps_to(0.8), "seconds": time.perf_counter() - t0,
-               "checkpoint": str(out / "final"), **best_summary(curve, out), "curve_csv": str(out / "curve.csv"),
+               "checkpoint": str(out / "final"), **curve.best_summary(), "curve_csv": str(out / "curve.csv"),
                "curve_png": str(out / "curve.png")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

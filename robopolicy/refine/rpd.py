@@ -261,14 +261,12 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
         bar.close()
         envs.close()
     student.save(out / "final")
-    best = curve.best()
+    best = curve.best_summary()
     latency = {name: _latency_ms(p, cfg, kw) for name, p in (("teacher", teacher_wrap), ("student", student))}
     n_teacher = count_parameters(teacher_wrap.base if teacher_wrap.base is not None else teacher_wrap)
     summary = {"teacher_success": teacher_res.success, "student_before": before.success,
                "student_after": curve.rows[-1]["success"], "teacher_params": n_teacher,
-               "student_best": best["success"] if best else None,
-               "best_env_steps": int(best["env_steps"]) if best else None,
-               "best_checkpoint": str(out / "best") if best else None,
+               "student_best": best.pop("best"), **best,
                "student_params": count_parameters(student.actor) + student.log_std.numel(),
                "latency_ms": latency, "latency_ratio": latency["teacher"] / max(latency["student"], 1e-9),
                "env_steps": env_steps, "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
