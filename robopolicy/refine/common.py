@@ -181,6 +181,18 @@ def make_vector_envs(env: EnvConfig, num_envs: int, autoreset: bool = True, **kw
     return gymnasium.vector.AsyncVectorEnv(fns, context="spawn", shared_memory=False, autoreset_mode=mode)
 
 
+def step_while(envs: gymnasium.vector.VectorEnv, action: np.ndarray, work: Callable[[], None]):
+    """``envs.step(action)`` with ``work()`` run while the workers step (spawned workers), or just
+    before the step (one env in this process): the learner's updates overlap the simulation. Either
+    way ``work`` sees the state before the step's results, so a run is the same with any worker count."""
+    if isinstance(envs, gymnasium.vector.AsyncVectorEnv):
+        envs.step_async(action)
+        work()
+        return envs.step_wait()
+    work()
+    return envs.step(action)
+
+
 def single_spaces(env: EnvConfig, **kwargs) -> tuple[gymnasium.spaces.Dict, gymnasium.spaces.Box]:
     """Observation and action space of one refine env (built once in this process, then closed)."""
     e = make_refine_env(env, **kwargs)

@@ -10,9 +10,9 @@ Read top to bottom: build envs and the policy → every env step: the rows that 
 step; with ``residual.decision: chunk`` each base chunk's first step, and every
 ``residual.decision_every`` steps of it when set) close their previous
 transition (semi-MDP: the discounted reward collected since, γ^k to now) and draw a correction
-``actor(x) + σ·ε`` → step the envs → after ``learning_starts`` decisions, ``updates_per_decision``
-critic updates per new decision (clipped double Q with target-policy smoothing, LayerNorm
-critics), the actor every ``policy_delay`` of them (maximise Q, plus ``residual_penalty`` × the
+``actor(x) + σ·ε`` → step the envs, and while the workers simulate, after ``learning_starts``
+decisions, ``updates_per_decision`` critic updates per new decision (clipped double Q with
+target-policy smoothing, LayerNorm critics), the actor every ``policy_delay`` of them (maximise Q, plus ``residual_penalty`` × the
 squared correction, which keeps it near the base where the critic knows nothing) → evaluate
 every ``eval_every`` env steps (the best evaluation's policy kept in ``best/``) → save the policy
 (base + residual, like residual PPO) and the critics.
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from robopolicy.refine.common import Curve, make_vector_envs
+from robopolicy.refine.common import Curve, make_vector_envs, step_while
 from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
 from robopolicy.refine.residual_ppo import (ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate,
                                             periodic_evaluation)
@@ -147,8 +147,8 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
     actor_targ = copy.deepcopy(actor).requires_grad_(False)
     qs = nn.ModuleList([QNetwork(d_in, a_dim, cfg.critic_hidden) for _ in range(2)])
     qs_targ = copy.deepcopy(qs).requires_grad_(False)
-    opt_actor = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
-    opt_critic = torch.optim.Adam(qs.parameters(), lr=cfg.critic_lr)
+    opt_actor = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr, fused=True)
+    opt_critic = torch.optim.Adam(qs.parameters(), lr=cfg.critic_lr, fused=True)
     sigma = policy.log_std.detach().exp()
     buffer = ReplayBuffer(cfg.buffer_size, d_in, a_dim)
     curve = Curve(out, "curve")
@@ -195,8 +195,13 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
             stats.update(q=q.mean().item(), r_rms=r.pow(2).mean().sqrt().item())
             with torch.no_grad():
                 for net, targ in ((actor, actor_targ), (qs, qs_targ)):
-                    for p, pt in zip(net.parameters(), targ.parameters()):
-                        pt.lerp_(p, cfg.tau)
+                    torch._foreach_lerp_(list(targ.parameters()), list(net.parameters()), cfg.tau)
+
+    def owed_updates() -> None:
+        nonlocal owed
+        while owed >= 1.0:
+            update()
+            owed -= 1.0
 
     try:
         while env_steps < cfg.total_env_steps:
@@ -214,7 +219,8 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
                 decisions += int(dec.sum())
                 owed += cfg.updates_per_decision * int(dec.sum()) if buffer.size >= cfg.learning_starts else 0.0
                 action = policy.env_action(base_norm, policy.hold(r))
-            obs, reward, term, trunc, info = envs.step(action.numpy())
+            # the owed updates run while the workers simulate the step
+            obs, reward, term, trunc, info = step_while(envs, action.numpy(), owed_updates)
             pend_ret += pend_disc * np.asarray(reward, np.float64)
             pend_disc *= cfg.gamma
             done = np.logical_or(term, trunc)
@@ -231,9 +237,6 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
                 window_successes += won
             env_steps += n
             bar.update(n)
-            while owed >= 1.0:
-                update()
-                owed -= 1.0
             if updates and env_steps % (64 * n) == 0:
                 bar.set_postfix(ep=episodes, train_sr=f"{window_successes / max(window_episodes, 1):.2f}",
                                 upd=updates, **{k: round(v, 3) for k, v in stats.items()})
