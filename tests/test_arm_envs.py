@@ -331,6 +331,9 @@ def test_pose_draws_task_poses_with_consistent_labels():
         elif np.linalg.norm(cube - ee) < 0.005:  # carried: between the jaws, fingers on its faces
             held += 1
             assert cube[2] > so101.CUBE_HALF
+            # the dense reward does not charge for the cube's height: carrying it over the bowl's wall is free
+            _, reward, _ = env._evaluate()
+            assert reward == pytest.approx(-np.linalg.norm(ee - cube) - 2.0 * np.linalg.norm(cube[:2] - bowl[:2]))
             assert abs(obs["observation.state"][5] * so101.GRIP_M_PER_RAD - (so101.CUBE_HALF - so101.PAD_INNER_GAP)) < 1e-6
         else:  # placed in the bowl
             placed += 1

@@ -858,6 +858,33 @@ def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_pat
     torch.testing.assert_close(loaded.bounded(torch.tensor([[5.0, -0.5]])), torch.tensor([[1.0, -0.5]]))
 
 
+def test_residual_td3_critic_warmup_keeps_the_actor_at_the_base(tmp_path):
+    """Before ``critic_warmup`` critic updates the actor is not trained: the policy is still exactly
+    the base (zero residual) after the critics' updates."""
+    from robopolicy.refine import residual_ppo, residual_td3
+
+    res = ResidualConfig(inputs=["state", "base_action"], hidden=[32], log_std=-1.0, scale=1.0, execute_steps=4,
+                         decision="chunk", bound=1.0)
+    kw = dict(env=EnvConfig("robopolicy/PointReach-v0"), residual=res, total_env_steps=1_200, num_envs=1,
+              learning_starts=50, updates_per_decision=1, batch_size=32, critic_hidden=[32], eval_every=1_200,
+              eval_episodes=4, eval_envs=1, progress=False)
+    cfg = residual_td3.ResidualTD3Config(**kw, critic_warmup=10_000, out_dir=str(tmp_path / "warm"))
+    policy = residual_ppo.build_policy(residual_ppo.ResidualPPOConfig(env=cfg.env, residual=res), base=point_teacher())
+    head = [p.detach().clone() for p in policy.actor.parameters()]
+    summary = residual_td3.train(cfg, policy=policy, log=lambda s: None)
+    assert 0 < summary["updates"] < cfg.critic_warmup
+    assert all(torch.equal(a, b) for a, b in zip(head, policy.actor.parameters()))
+    assert summary["after"] == summary["before"]
+    # without the warm-up the same run trains the actor
+    cfg = residual_td3.ResidualTD3Config(**kw, out_dir=str(tmp_path / "cold"))
+    policy = residual_ppo.build_policy(residual_ppo.ResidualPPOConfig(env=cfg.env, residual=res), base=point_teacher())
+    head = [p.detach().clone() for p in policy.actor.parameters()]
+    residual_td3.train(cfg, policy=policy, log=lambda s: None)
+    assert not all(torch.equal(a, b) for a, b in zip(head, policy.actor.parameters()))
+    with pytest.raises(ValueError, match="critic_warmup"):
+        residual_td3.ResidualTD3Config(critic_warmup=-1)
+
+
 def test_curve_best_is_the_highest_refined_point_and_the_earliest_on_ties(tmp_path):
     """The starting policy's row never counts as best; ties keep the earlier point."""
     curve = Curve(tmp_path, "curve")

@@ -53,6 +53,9 @@ class ResidualTD3Config(ResidualRunConfig):
     updates_per_decision: float = 1.0
     """Critic updates per new decision (update-to-data ratio)."""
     policy_delay: int = 2
+    critic_warmup: int = 0
+    """Critic updates before the actor's first: the critics first learn the base's values, so the
+    actor does not follow an untrained critic's gradient away from the base."""
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
     critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
@@ -70,6 +73,8 @@ class ResidualTD3Config(ResidualRunConfig):
                     "eval_episodes", "eval_envs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.critic_warmup < 0:
+            raise ValueError(f"critic_warmup must be >= 0, got {self.critic_warmup}")
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
         if self.updates_per_decision <= 0:
@@ -186,13 +191,14 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
         updates += 1
         stats["q_loss"] = q_loss.item() / 2
         if updates % cfg.policy_delay == 0:
-            r = actor(x)
-            q = qs[0](x, policy.bounded(r))
-            a_loss = -q.mean() + cfg.residual_penalty * r.pow(2).sum(-1).mean()
-            opt_actor.zero_grad()
-            a_loss.backward()
-            opt_actor.step()
-            stats.update(q=q.mean().item(), r_rms=r.pow(2).mean().sqrt().item())
+            if updates > cfg.critic_warmup:
+                r = actor(x)
+                q = qs[0](x, policy.bounded(r))
+                a_loss = -q.mean() + cfg.residual_penalty * r.pow(2).sum(-1).mean()
+                opt_actor.zero_grad()
+                a_loss.backward()
+                opt_actor.step()
+                stats.update(q=q.mean().item(), r_rms=r.pow(2).mean().sqrt().item())
             with torch.no_grad():
                 for net, targ in ((actor, actor_targ), (qs, qs_targ)):
                     torch._foreach_lerp_(list(targ.parameters()), list(net.parameters()), cfg.tau)
