@@ -12,8 +12,9 @@ step; with ``residual.decision: chunk`` each base chunk's first step, and every
 transition (semi-MDP: the discounted reward collected since, γ^k to now) and draw a correction
 ``actor(x) + σ·ε`` → step the envs, and while the workers simulate, after ``learning_starts``
 decisions, ``updates_per_decision`` critic updates per new decision (clipped double Q with
-target-policy smoothing, LayerNorm critics), the actor every ``policy_delay`` of them (maximise Q, plus ``residual_penalty`` × the
-squared correction, which keeps it near the base where the critic knows nothing) → evaluate
+target-policy smoothing, LayerNorm critics), the actor every ``policy_delay`` of them once
+``critic_warmup`` are done (maximise Q, plus ``residual_penalty`` × the squared correction, which
+keeps it near the base where the critic knows nothing) → evaluate
 every ``eval_every`` env steps (the best evaluation's policy kept in ``best/``) → save the policy
 (base + residual, like residual PPO) and the critics.
 
@@ -201,7 +202,8 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
                 stats.update(q=q.mean().item(), r_rms=r.pow(2).mean().sqrt().item())
             with torch.no_grad():
                 for net, targ in ((actor, actor_targ), (qs, qs_targ)):
-                    torch._foreach_lerp_(list(targ.parameters()), list(net.parameters()), cfg.tau)
+                    for p, pt in zip(net.parameters(), targ.parameters()):
+                        pt.lerp_(p, cfg.tau)
 
     def owed_updates() -> None:
         nonlocal owed
