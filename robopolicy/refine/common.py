@@ -184,7 +184,8 @@ def make_vector_envs(env: EnvConfig, num_envs: int, autoreset: bool = True, **kw
 def step_while(envs: gymnasium.vector.VectorEnv, action: np.ndarray, work: Callable[[], None]):
     """``envs.step(action)`` with ``work()`` run while the workers step (spawned workers), or just
     before the step (one env in this process): the learner's updates overlap the simulation. Either
-    way ``work`` sees the state before the step's results, so a run is the same with any worker count."""
+    way ``work`` sees the state before the step's results, so spawned and in-process envs give the
+    same sequence of updates."""
     if isinstance(envs, gymnasium.vector.AsyncVectorEnv):
         envs.step_async(action)
         work()
