@@ -37,6 +37,11 @@ class Oracle:
     ``noise`` setting (e.g. 0.1) means a comparable disturbance on every task.
     """
 
+    replan: bool = False
+    """Labelling states another policy drives (DAgger): re-anchor the plan to the robot's actual
+    state before each label instead of following the oracle's own commanded path. An oracle that
+    plans from the observed state alone ignores it."""
+
     def __init__(self, action_space: gymnasium.spaces.Box, noise: float = 0.0, seed: int | None = None,
                  noise_scale: np.ndarray | float | None = None):
         if not np.isfinite(noise) or noise < 0:

@@ -377,3 +377,61 @@ def test_pose_phase_weights_choose_the_phases():
         env.pose(rng, {"hover": 1.0})
     with pytest.raises(ValueError, match="positive sum"):
         env.pose(rng, {k: 0.0 for k in ArmPickPlaceEnv.POSE_PHASES})
+
+
+def test_replan_labels_from_where_the_arm_is():
+    """``replan``: while the oracle drives, its labels are unchanged; when something else holds the
+    arm, the commanded point follows the tool instead of the oracle's own path."""
+    from sim_envs.arm.oracle import REANCHOR, V_MOVE
+
+    env = gymnasium.make(IDS["pickplace"], use_cameras=False)
+    plain, replan = make_oracle(env), make_oracle(env)
+    replan.replan = True
+    for seed in (0, 1):
+        obs, info = env.reset(seed=seed)
+        plain.reset(obs, info)
+        replan.reset(obs, info)
+        for _ in range(60):  # the oracle drives
+            a, b = plain.label(obs, info).label, replan.label(obs, info).label
+            np.testing.assert_array_equal(a, b)
+            obs, _, _, _, info = env.step(a)
+    obs, info = env.reset(seed=2)
+    plain.reset(obs, info)
+    replan.reset(obs, info)
+    hold = obs["observation.state"].copy()
+    for _ in range(30):  # another policy holds the arm where it started
+        plain.label(obs, info)
+        replan.label(obs, info)
+        obs, _, _, _, info = env.step(hold)
+    ee = np.asarray(info["ee_pos"])
+    assert np.linalg.norm(plain.cmd - ee) > 2 * REANCHOR  # the plain oracle's path went on without the arm
+    replan.label(obs, info)
+    assert np.linalg.norm(replan.cmd - ee) <= V_MOVE + 1e-6  # one bounded step from the tool
+
+
+def test_replan_keeps_a_carried_cube_closed():
+    """A cube the arm carries is never re-approached with opening jaws under ``replan``."""
+    from sim_envs.arm.oracle import CLOSED
+
+    env = ArmPickPlaceEnv(num_cubes=1, num_bowls=1, use_cameras=False)
+    obs, info = env.reset(seed=7)
+    ik = ArmIK()
+    cube = info["cube_pos"][0]
+    yaw = 2 * np.arctan2(info["cube_quat"][0][3], info["cube_quat"][0][0])
+    q, _ = ik.analytic(np.array([cube[0], cube[1], 0.07]))
+    q[4] = ik.roll_for_yaw(q, yaw, symmetry=np.pi / 2)
+    for xyz, grip, n in (((cube[0], cube[1], 0.07), 1.745, 20), ((cube[0], cube[1], so101.CUBE_HALF + 0.001), 1.745, 20),
+                         ((cube[0], cube[1], so101.CUBE_HALF + 0.001), 0.0, 8), ((cube[0], cube[1], 0.10), 0.0, 20)):
+        qq, _ = ik.analytic(np.asarray(xyz, dtype=float), roll=q[4])
+        for _ in range(n):
+            obs, _, _, _, info = env.step(np.concatenate([qq, [grip]]))
+    assert info["cube_pos"][0][2] > 0.08  # carried
+    labels = {}
+    for name in ("plain", "replan"):
+        oracle = make_oracle(env)
+        oracle.replan = name == "replan"
+        oracle.reset(obs, info)  # a fresh oracle starts by approaching the cube
+        labels[name] = oracle.label(obs, info).label
+        phase = oracle.phase
+    assert labels["plain"][5] > CLOSED + 0.1  # it would open the jaws and drop the cube
+    assert labels["replan"][5] == CLOSED and phase == "lift"

@@ -62,7 +62,13 @@ class RefineEnv(gymnasium.Wrapper):
     - ``privileged``: adds :data:`ENV_STATE` ``(D,)`` to the observation;
     - ``oracle``: puts the privileged oracle's clean label for the *returned* observation in
       ``info["oracle_label"]`` (``(A,)``; ``info["oracle_waypoints"]`` ``(K, 3)`` for tracking)
-      and the label-reliability flags used by DAgger filters in ``info["label_flags"]``;
+      and the label-reliability flags used by DAgger filters in ``info["label_flags"]``; with
+      ``replan`` the oracle re-anchors its plan to the robot's actual state before each label (for
+      labelling states a policy drove, see :attr:`sim_envs.core.Oracle.replan`); with
+      ``label_chunk`` = H > 0 (envs with ``oracle_chunk``, i.e. the arm tasks) also the oracle's own
+      next H labels from the returned state, a counterfactual rollout, in ``info["oracle_chunk"]``
+      ``(H, A)`` (the last label repeated past the episode's end) and their number in
+      ``info["oracle_chunk_len"]``;
     - ``probe_window`` > 0 (with ``oracle``; envs with ``oracle_recovers``, i.e. PersonFollow): when
       an episode ends in collision or loss, asks for each of its last ``probe_window`` states
       whether the oracle taking over there would itself fail within ``probe_horizon`` steps, and
@@ -72,8 +78,12 @@ class RefineEnv(gymnasium.Wrapper):
     """
 
     def __init__(self, env: gymnasium.Env, reward: str = "sparse", privileged: bool = False, oracle: bool = False,
-                 probe_window: int = 0, probe_horizon: int = 20):
+                 probe_window: int = 0, probe_horizon: int = 20, replan: bool = False, label_chunk: int = 0):
         super().__init__(env)
+        if label_chunk and not (oracle and hasattr(env.unwrapped, "oracle_chunk")):
+            raise ValueError(f"label_chunk needs oracle=True and an env with oracle_chunk(); "
+                             f"{type(env.unwrapped).__name__} has none")
+        self.label_chunk = int(label_chunk)
         if reward not in ("sparse", "dense"):
             raise ValueError(f"reward must be 'sparse' or 'dense', got {reward!r}")
         if probe_window and not (oracle and hasattr(env.unwrapped, "oracle_recovers")):
@@ -88,6 +98,7 @@ class RefineEnv(gymnasium.Wrapper):
             from sim_envs import make_oracle
 
             self.oracle = make_oracle(env.unwrapped, noise=0.0)
+            self.oracle.replan = bool(replan)
         self._own_state = ENV_STATE in env.observation_space.spaces  # the env already observes it
         if privileged and not self._own_state:
             base = env.unwrapped
@@ -106,6 +117,11 @@ class RefineEnv(gymnasium.Wrapper):
             step = self.oracle.label(obs, info)
             info = dict(info)
             info["oracle_label"] = np.asarray(step.label, np.float32)
+            if self.label_chunk:
+                chunk = self.env.unwrapped.oracle_chunk(self.oracle, step.label, self.label_chunk)
+                info["oracle_chunk_len"] = len(chunk)
+                info["oracle_chunk"] = np.concatenate(
+                    [chunk, np.repeat(chunk[-1:], self.label_chunk - len(chunk), 0)]).astype(np.float32)
             if "waypoints" in step.extras:
                 info["oracle_waypoints"] = np.asarray(step.extras["waypoints"], np.float32)
             info["label_flags"] = label_flags(info)
@@ -160,7 +176,8 @@ def label_flags(info: dict) -> np.ndarray:
 
 
 def make_refine_env(env: EnvConfig, reward: str = "sparse", privileged: bool = False, oracle: bool = False,
-                    waypoints: int | None = None, probe_window: int = 0, probe_horizon: int = 20) -> gymnasium.Env:
+                    waypoints: int | None = None, probe_window: int = 0, probe_horizon: int = 20,
+                    replan: bool = False, label_chunk: int = 0) -> gymnasium.Env:
     """One :class:`RefineEnv` (what each vector-env worker unpickles and calls)."""
     inner = make_env(env, render_mode=None)
     if waypoints is not None:
@@ -168,7 +185,7 @@ def make_refine_env(env: EnvConfig, reward: str = "sparse", privileged: bool = F
 
         inner = WaypointFollowWrapper(inner, num_waypoints=int(waypoints))
     return RefineEnv(inner, reward=reward, privileged=privileged, oracle=oracle, probe_window=probe_window,
-                     probe_horizon=probe_horizon)
+                     probe_horizon=probe_horizon, replan=replan, label_chunk=label_chunk)
 
 
 def make_vector_envs(env: EnvConfig, num_envs: int, autoreset: bool = True, **kwargs) -> gymnasium.vector.VectorEnv:

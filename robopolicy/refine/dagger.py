@@ -8,9 +8,12 @@ imitation loss on batches mixing the aggregate with the original dataset (``orig
 ``original_fraction``) → evaluate → repeat. Observations keep the policy's temporal context
 (frames at its strides within the visited episode), as the training loader builds them.
 
-Labels: a waypoint policy learns the oracle's ``(K, 3)`` waypoints of the state; a chunk policy
-learns the oracle's clean actions at the next ``H`` visited steps (the chunk it should have
-predicted along this trajectory), padded at the episode end.
+Labels: a waypoint policy learns the oracle's ``(K, 3)`` waypoints of the state. A chunk policy
+learns, with ``chunk_labels: oracle``, the oracle's own next ``H`` actions from the state (a
+counterfactual rollout in the env, which is then put back: the chunk the oracle would execute from
+here), or with ``chunk_labels: along`` the oracle's labels of the next ``H`` states the rollout
+visited (each label right for its state, but the states follow the policy's actions, not the
+labels); both padded at the episode end.
 
 Perceive-then-act policies (a :class:`~robopolicy.models.modular.ModularPolicy` base,
 ``learner: locator``): the same loop relabels perception instead. At every visited state the env's
@@ -71,6 +74,15 @@ class DAggerConfig(RefineRunOptions):
     recover_horizon: int = 20
     """Steps the oracle must drive from a probed state without collision or loss to count as
     recoverable (``unrecoverable``)."""
+    replan: bool = True
+    """The oracle re-anchors its plan to the robot's actual state before labelling it (see
+    :attr:`sim_envs.core.Oracle.replan`; the arm oracle uses it; the tracking oracle re-plans from
+    the observed state every step anyway). ``False``: the arm oracle labels along its own commanded
+    path."""
+    chunk_labels: str = "along"
+    """A chunk policy's targets: ``along`` (the oracle's labels at the next H visited states) or
+    ``oracle`` (the oracle's own next H actions from the state, a counterfactual rollout; envs with
+    ``oracle_chunk``, i.e. the arm tasks)."""
     original: str = ""
     """LeRobot dataset the base was trained on: its frames are mixed into every fine-tuning batch
     (DAgger aggregates with the original data); empty: on-policy states only."""
@@ -105,6 +117,8 @@ class DAggerConfig(RefineRunOptions):
                              f"{self.pre_failure_steps} and {self.recover_horizon}")
         if self.max_states < 0:
             raise ValueError(f"dagger.max_states must be >= 0 (0: keep every state), got {self.max_states}")
+        if self.chunk_labels not in ("along", "oracle"):
+            raise ValueError(f"dagger.chunk_labels: {self.chunk_labels!r} is not 'along' or 'oracle'")
         if self.learner not in LEARNERS:
             raise ValueError(f"dagger.learner: {self.learner!r} is not one of {list(LEARNERS)}")
 
@@ -170,8 +184,10 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
     ``scene_label``'s value from the env's info under ``"scene"``."""
     act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
     probe = cfg.pre_failure_steps if "unrecoverable" in cfg.filter else 0
+    chunk = policy.config.horizon if cfg.chunk_labels == "oracle" and waypoints is None and not scene_label else 0
     envs = make_vector_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints,
-                            probe_window=probe, probe_horizon=cfg.recover_horizon)
+                            probe_window=probe, probe_horizon=cfg.recover_horizon, replan=cfg.replan,
+                            label_chunk=chunk)
     n = cfg.num_envs
     scene_key = scene_label.removeprefix("label.") if scene_label else None
     episodes: list[list[dict]] = [[] for _ in range(n)]
@@ -193,7 +209,9 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
                                     "label": np.array(info["oracle_label"][i]),
                                     "waypoints": np.array(label[i]) if waypoints is not None else None,
                                     "flags": np.array(info["label_flags"][i]),
-                                    "scene": np.array(info[scene_key][i]) if scene_key else None})
+                                    "scene": np.array(info[scene_key][i]) if scene_key else None,
+                                    "chunk": np.array(info["oracle_chunk"][i][:int(info["oracle_chunk_len"][i])])
+                                    if chunk else None})
             obs, _r, term, trunc, info = envs.step(action)
             steps += n
             done = np.logical_or(term, trunc)
@@ -226,11 +244,12 @@ def _failed(final: dict, i: int) -> bool:
 
 
 def _with_chunks(episode: list[dict]) -> list[dict]:
-    """Attach each frame's future clean labels along the trajectory (for chunk policies) and its
+    """Attach each frame's target chunk (for chunk policies: the oracle's counterfactual chunk where
+    it was collected, else the labels of this and the later states along the trajectory) and its
     place in the episode (for the temporal context of the observation)."""
     labels = np.stack([f["label"] for f in episode]) if episode else None
     for j, f in enumerate(episode):
-        f["future"] = labels[j:]
+        f["future"] = labels[j:] if f.get("chunk") is None else f["chunk"]
         f["episode"], f["index"] = episode, j
     return episode
 

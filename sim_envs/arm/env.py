@@ -455,6 +455,49 @@ class ArmEnv(gymnasium.Env):
                 r.close()
         self._obs_renderer = self._view_renderer = None
 
+    # -- counterfactuals -----------------------------------------------------------------------
+    _COUNTERS = ("_steps", "_success_count", "_return", "_first_success", "_roll_hold")
+
+    def get_state(self) -> dict:
+        """A copy of what changes within an episode: MuJoCo's integration state (positions,
+        velocities, controls, warm start, time) and the episode counters; the layout is fixed at
+        reset. :meth:`set_state` puts it back, after which stepping continues exactly as before."""
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        sim = np.empty(mujoco.mj_stateSize(self.model, spec))
+        mujoco.mj_getState(self.model, self.data, sim, spec)
+        return {"sim": sim, **{k: getattr(self, k) for k in self._COUNTERS}}
+
+    def set_state(self, state: dict) -> None:
+        missing = [k for k in ("sim", *self._COUNTERS) if k not in state]
+        if missing:
+            raise ValueError(f"set_state: the state lacks {missing}")
+        mujoco.mj_setState(self.model, self.data, np.asarray(state["sim"], np.float64),
+                           mujoco.mjtState.mjSTATE_INTEGRATION)
+        for k in self._COUNTERS:
+            setattr(self, k, state[k])
+        mujoco.mj_forward(self.model, self.data)
+
+    def oracle_chunk(self, oracle, label: np.ndarray, horizon: int) -> np.ndarray:
+        """The oracle's own next ``horizon`` labels from the current state, ``label`` (its label for
+        this state, already given) first: ``(n, A)``, ``n <= horizon``, shorter when the episode
+        would end sooner. A counterfactual: the oracle drives without rendering, then the env and
+        the oracle (``get_state`` / ``set_state``) are put back, so the episode continues as if it
+        had not been asked. This is the chunk a chunk policy should predict here (DAgger)."""
+        saved, saved_oracle, cameras = self.get_state(), oracle.get_state(), self.use_cameras
+        labels = [np.asarray(label)]
+        self.use_cameras = False
+        try:
+            for _ in range(int(horizon) - 1):
+                obs, _, terminated, truncated, info = self.step(labels[-1])
+                if terminated or truncated:
+                    break
+                labels.append(np.asarray(oracle.label(obs, info).label))
+        finally:
+            self.use_cameras = cameras
+            self.set_state(saved)
+            oracle.set_state(saved_oracle)
+        return np.stack(labels)
+
     # -- oracle -------------------------------------------------------------------------------
     def make_oracle(self, noise: float = 0.0, seed: int | None = None):
         from sim_envs.arm.oracle import ArmOracle

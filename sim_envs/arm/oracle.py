@@ -20,6 +20,16 @@ radians per joint (0.025 rad at noise 0.1, a few millimetres at the tool), not a
 joint range: half of a ±100° range would give centimetres of jitter, more than a 2.5 cm cube
 tolerates. Measured success rates: ``python bench/oracles.py --noise 0.1``.
 
+Relabelling another policy's states (``replan = True``, DAgger): the commanded point and the
+phase belong to the oracle's own path, which the arm leaves as soon as something else drives it
+(under the 75-demo PickPlace policy the commanded point sits a median 3-5 cm from the tool, up to
+13 cm; under the oracle itself at most 1.7 cm). Each label then first re-anchors the plan to the
+arm: a commanded point more than ``REANCHOR`` from the tool restarts at the tool (so the label is
+one bounded step from where the arm is, as in a demonstration), and a phase the scene contradicts
+is replaced: a held cube is carried (lift / move) with the jaws closed, never re-approached or
+released away from the bowl; a lost cube is approached again; jaws are not closed away from the
+cube.
+
 Call ``reset(obs, info)`` at the start of every episode.
 """
 
@@ -49,6 +59,7 @@ def cube_yaw(quat: np.ndarray) -> float:
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
 
 
+REANCHOR = 0.025  # m between the commanded point and the tool beyond which ``replan`` restarts it
 JOINT_NOISE_SCALE = 0.25  # rad of executed-action noise per unit of ``noise`` (joint mode)
 
 
@@ -79,6 +90,17 @@ class ArmOracle(Oracle):
         self.attempts = 0
         self.ref = np.zeros(3)
         self.state = state
+
+    _DYNAMIC = ("phase", "phase_steps", "cmd", "roll", "grip", "speed", "attempts", "ref", "state")
+
+    def get_state(self) -> dict:
+        """A copy of the plan's episode state (phase, commanded point, jaws, ...); :meth:`set_state`
+        puts it back (counterfactual rollouts, :meth:`ArmEnv.oracle_chunk`)."""
+        return {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in vars(self).items() if k in self._DYNAMIC}
+
+    def set_state(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, np.copy(v) if isinstance(v, np.ndarray) else v)
 
     def _goto(self, phase: str) -> None:
         self.phase = phase
@@ -117,11 +139,36 @@ class ArmOracle(Oracle):
                 best, best_clear = yaw, clear
         return best
 
+    @staticmethod
+    def _held(cube: np.ndarray, ee: np.ndarray) -> bool:
+        return bool(np.linalg.norm(cube - ee) < 0.025 and cube[2] > so101.CUBE_HALF + 0.01)
+
+    def _reanchor(self, info, ee: np.ndarray) -> None:
+        """``replan``: move the commanded point back to the tool when the arm left the oracle's path,
+        and replace a phase the scene contradicts (see the module docstring)."""
+        if np.linalg.norm(self.cmd - ee) > REANCHOR:
+            self.cmd = ee.copy()
+        if self.task != "pickplace":
+            return
+        k = int(info["goal_cube"])
+        cube = np.asarray(info["cube_pos"][k], dtype=float)
+        bowl = np.asarray(info["target_pos"][int(info["goal_target"])], dtype=float)
+        ph = self.phase
+        if self._held(cube, ee):
+            over_bowl = np.linalg.norm(ee[:2] - bowl[:2]) < so101.BOWL_RADIUS - 0.012
+            if ph in ("approach", "descend") or (ph in ("release", "retreat") and not over_bowl):
+                self._goto("lift" if ph in ("approach", "descend") else "move")
+                self.grip = CLOSED
+        elif ph in ("move", "lower"):
+            self._goto("approach")
+        elif ph in ("descend", "close") and np.linalg.norm(ee[:2] - cube[:2]) > 0.02:
+            self._goto("approach")
+
     def _plan_pick(self, info, ee) -> np.ndarray:
         k = int(info["goal_cube"])
         cube = np.asarray(info["cube_pos"][k], dtype=float)
         bowl = np.asarray(info["target_pos"][int(info["goal_target"])], dtype=float)
-        held = np.linalg.norm(cube - ee) < 0.025 and cube[2] > so101.CUBE_HALF + 0.01
+        held = self._held(cube, ee)
         ph = self.phase
         if ph == "approach":
             self.speed = V_MOVE
@@ -245,6 +292,8 @@ class ArmOracle(Oracle):
             self.reset(obs, info)
         ee = np.asarray(info["ee_pos"], dtype=float)
         self.state = np.asarray(obs["observation.state"], dtype=float)
+        if self.replan:
+            self._reanchor(info, ee)
         if self.task == "reach":
             goal = self._plan_reach(info, ee)
         elif self.task == "push":
