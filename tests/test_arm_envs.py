@@ -435,3 +435,33 @@ def test_replan_keeps_a_carried_cube_closed():
         phase = oracle.phase
     assert labels["plain"][5] > CLOSED + 0.1  # it would open the jaws and drop the cube
     assert labels["replan"][5] == CLOSED and phase == "lift"
+
+
+def test_oracle_chunk_is_the_oracles_own_future_and_leaves_the_episode_as_it_was():
+    """The counterfactual chunk equals what the oracle then executes, and asking for it changes
+    nothing in the episode (observations match an env that was never asked)."""
+    from robopolicy.envs import EnvConfig
+    from robopolicy.refine.common import make_refine_env
+
+    cfg = EnvConfig(IDS["pickplace"], {"use_cameras": False, "env_state": True})
+    plain, asked = make_refine_env(cfg, oracle=True), make_refine_env(cfg, oracle=True, label_chunk=16)
+    (o0, i0), (o1, i1) = plain.reset(seed=5), asked.reset(seed=5)
+    labels, chunks, done = [], [], False
+    while not done:
+        np.testing.assert_array_equal(o0["observation.state"], o1["observation.state"])
+        np.testing.assert_array_equal(o0["observation.environment_state"], o1["observation.environment_state"])
+        labels.append(i0["oracle_label"])
+        chunks.append(i1["oracle_chunk"][: i1["oracle_chunk_len"]])
+        assert i1["oracle_chunk"].shape == (16, 6)
+        o0, _, term, trunc, i0 = plain.step(i0["oracle_label"])
+        o1, _, _, _, i1 = asked.step(i1["oracle_label"])
+        done = term or trunc
+    assert i0["episode_metrics"]["success"]
+    executed = np.stack(labels)
+    for j, chunk in enumerate(chunks):
+        np.testing.assert_allclose(chunk, executed[j : j + 16][: len(chunk)], atol=1e-6)
+        assert len(chunk) == min(16, len(executed) - j)  # shorter only where the episode ends
+    with pytest.raises(ValueError, match="oracle_chunk"):
+        make_refine_env(EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt"}), oracle=True, label_chunk=4)
+    with pytest.raises(ValueError, match="lacks"):
+        asked.unwrapped.set_state({"sim": np.zeros(3)})

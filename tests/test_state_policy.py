@@ -232,3 +232,28 @@ def test_dagger_relabels_a_modular_policys_locator_with_the_envs_scene_label(mod
         dagger.resolve_learner(torch.nn.Linear(2, 2), "auto")
     with pytest.raises(PolicyError, match="no 'nope' in its info"):
         dagger.collect(base, cfg, 0.0, np.random.default_rng(0), None, "label.nope")
+
+
+def test_dagger_chunk_labels_from_the_oracles_own_rollout(trained):
+    """``chunk_labels: oracle``: each visited state's target is the oracle's own next H actions
+    from it (its first the state's label), not the labels of the states the policy went on to."""
+    from robopolicy.envs import EnvConfig
+    from robopolicy.refine import dagger
+
+    policy = Policy.load(trained.final)
+    h = policy.config.horizon
+    runs = {}
+    for mode in ("along", "oracle"):
+        cfg = dagger.DAggerConfig(env=EnvConfig(PP, {"use_cameras": False, "env_state": True}), num_envs=1,
+                                  steps_per_iteration=40, chunk_labels=mode, filter=[])
+        runs[mode] = dagger.collect(policy, cfg, 0.0, np.random.default_rng(0), None)
+    along, oracle = runs["along"], runs["oracle"]
+    assert len(along) == len(oracle) == 40
+    for a, o in zip(along, oracle):
+        np.testing.assert_array_equal(a["obs"]["observation.state"], o["obs"]["observation.state"])  # same rollout
+        assert o["future"].shape == (h, 6)
+        np.testing.assert_array_equal(o["future"][0], o["label"])
+    # along the policy's path the later labels differ from the oracle's own plan
+    assert any(not np.allclose(a["future"][:h][-1], o["future"][-1]) for a, o in zip(along[:-h], oracle[:-h]))
+    with pytest.raises(ValueError, match="chunk_labels"):
+        dagger.DAggerConfig(chunk_labels="nope")
