@@ -257,3 +257,21 @@ def test_dagger_chunk_labels_from_the_oracles_own_rollout(trained):
     assert any(not np.allclose(a["future"][:h][-1], o["future"][-1]) for a, o in zip(along[:-h], oracle[:-h]))
     with pytest.raises(ValueError, match="chunk_labels"):
         dagger.DAggerConfig(chunk_labels="nope")
+
+
+def test_dagger_run_counts_its_counterfactual_steps(trained, tmp_path):
+    from robopolicy.envs import EnvConfig
+    from robopolicy.refine import dagger
+
+    counts = {}
+    for mode in ("along", "oracle"):
+        cfg = dagger.DAggerConfig(env=EnvConfig(PP, {"use_cameras": False, "env_state": True, "max_steps": 12}),
+                                  base=str(trained.final), iterations=1, steps_per_iteration=12, num_envs=1,
+                                  filter=[], chunk_labels=mode, finetune_steps=2, batch_size=4, eval_episodes=1,
+                                  eval_envs=1, out_dir=str(tmp_path / mode), progress=False)
+        summary = dagger.train(cfg, log=lambda m: None)
+        counts[mode] = summary["counterfactual_steps"]
+        assert summary["env_steps"] == 12
+    h = Policy.load(trained.final).config.horizon
+    assert counts["along"] == 0
+    assert 0 < counts["oracle"] <= 12 * (h - 1)  # chunks stop at the 12-step episode's end

@@ -386,13 +386,14 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     log(f"[dagger] before: success {before.success:.1%} {before.metrics}")
     original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
-    env_steps, dropped, flagged = 0, 0, dict.fromkeys(FILTERS, 0)
+    env_steps, counterfactual, dropped, flagged = 0, 0, 0, dict.fromkeys(FILTERS, 0)
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
         beta = cfg.beta0 * cfg.beta_decay**it
         bar.set_description(f"iteration {it}: rolling out")
         frames = collect(policy, cfg, beta, rng, waypoints, scene_label)
         env_steps += len(frames)
+        counterfactual += sum(len(f["chunk"]) - 1 for f in frames if f.get("chunk") is not None)
         kept = [f for f in frames if keep(f, cfg.filter)]
         dropped += len(frames) - len(kept)
         for f, c in flag_counts(frames).items():
@@ -415,8 +416,8 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     policy.save(out / "final")
     summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
-               "env_steps": env_steps, "dropped_states": dropped, "kept_states": env_steps - dropped,
-               "flagged_states": flagged,
+               "env_steps": env_steps, "counterfactual_steps": counterfactual,
+               "dropped_states": dropped, "kept_states": env_steps - dropped, "flagged_states": flagged,
                "aggregate_states": len(data),
                "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
                **curve.best_summary(above=before.success),
