@@ -182,35 +182,43 @@ def test_oracle_noise_keeps_clean_label():
     assert env.action_space.contains(step.action) and env.action_space.contains(step.label)
 
 
-def test_grasped_cube_stays_in_gripper_while_lifting():
-    """Physics sanity without the oracle: IK to the cube, close, lift 9 cm, wave the arm."""
-    env = ArmPickPlaceEnv(num_cubes=1, num_bowls=1, use_cameras=False)
-    obs, info = env.reset(seed=7)
+def _ik_mover(env, info):
+    """``move(xyz, grip, n) -> (obs, info)``: IK joint targets for a tool point, the jaws aligned
+    with cube 0, held for ``n`` steps."""
     ik = ArmIK()
     cube = info["cube_pos"][0]
     yaw = 2 * np.arctan2(info["cube_quat"][0][3], info["cube_quat"][0][0])
     q, _ = ik.analytic(np.array([cube[0], cube[1], 0.07]))
-    q[4] = ik.roll_for_yaw(q, yaw, symmetry=np.pi / 2)
+    roll = ik.roll_for_yaw(q, yaw, symmetry=np.pi / 2)
 
     def move(xyz, grip, n):
-        nonlocal obs, info
-        qq, ok = ik.analytic(np.asarray(xyz, dtype=float), roll=q[4])
+        qq, ok = ik.analytic(np.asarray(xyz, dtype=float), roll=roll)
         assert ok
         for _ in range(n):
             obs, _, _, _, info = env.step(np.concatenate([qq, [grip]]))
+        return obs, info
 
+    return move
+
+
+def test_grasped_cube_stays_in_gripper_while_lifting():
+    """Physics sanity without the oracle: IK to the cube, close, lift 9 cm, wave the arm."""
+    env = ArmPickPlaceEnv(num_cubes=1, num_bowls=1, use_cameras=False)
+    _, info = env.reset(seed=7)
+    move = _ik_mover(env, info)
+    cube = info["cube_pos"][0]
     move([cube[0], cube[1], 0.07], 1.745, 20)
     move([cube[0], cube[1], so101.CUBE_HALF + 0.001], 1.745, 20)
-    move([cube[0], cube[1], so101.CUBE_HALF + 0.001], 0.0, 8)
+    obs, info = move([cube[0], cube[1], so101.CUBE_HALF + 0.001], 0.0, 8)
     assert obs["observation.state"][5] > 0.5  # fingers stopped by the cube, not closed
-    move([cube[0], cube[1], 0.10], 0.0, 20)
+    obs, info = move([cube[0], cube[1], 0.10], 0.0, 20)
     lifted = info["cube_pos"][0]
     assert lifted[2] > 0.08
     assert np.linalg.norm(lifted - info["ee_pos"]) < 0.01
-    move([0.15, -0.08, 0.10], 0.0, 25)  # carry it sideways
+    obs, info = move([0.15, -0.08, 0.10], 0.0, 25)  # carry it sideways
     assert info["cube_pos"][0][2] > 0.08
     assert np.linalg.norm(info["cube_pos"][0] - info["ee_pos"]) < 0.01
-    move([0.15, -0.08, 0.10], 1.745, 15)  # open: it drops
+    obs, info = move([0.15, -0.08, 0.10], 1.745, 15)  # open: it drops
     assert info["cube_pos"][0][2] < so101.CUBE_HALF + 0.003
 
 
@@ -414,17 +422,12 @@ def test_replan_keeps_a_carried_cube_closed():
     from sim_envs.arm.oracle import CLOSED
 
     env = ArmPickPlaceEnv(num_cubes=1, num_bowls=1, use_cameras=False)
-    obs, info = env.reset(seed=7)
-    ik = ArmIK()
+    _, info = env.reset(seed=7)
+    move = _ik_mover(env, info)
     cube = info["cube_pos"][0]
-    yaw = 2 * np.arctan2(info["cube_quat"][0][3], info["cube_quat"][0][0])
-    q, _ = ik.analytic(np.array([cube[0], cube[1], 0.07]))
-    q[4] = ik.roll_for_yaw(q, yaw, symmetry=np.pi / 2)
     for xyz, grip, n in (((cube[0], cube[1], 0.07), 1.745, 20), ((cube[0], cube[1], so101.CUBE_HALF + 0.001), 1.745, 20),
                          ((cube[0], cube[1], so101.CUBE_HALF + 0.001), 0.0, 8), ((cube[0], cube[1], 0.10), 0.0, 20)):
-        qq, _ = ik.analytic(np.asarray(xyz, dtype=float), roll=q[4])
-        for _ in range(n):
-            obs, _, _, _, info = env.step(np.concatenate([qq, [grip]]))
+        obs, info = move(xyz, grip, n)
     assert info["cube_pos"][0][2] > 0.08  # carried
     labels = {}
     for name in ("plain", "replan"):
