@@ -392,17 +392,18 @@ def test_replan_labels_from_where_the_arm_is():
     arm, the commanded point follows the tool instead of the oracle's own path."""
     from sim_envs.arm.oracle import REANCHOR, V_MOVE
 
-    env = gymnasium.make(IDS["pickplace"], use_cameras=False)
-    plain, replan = make_oracle(env), make_oracle(env)
-    replan.replan = True
-    for seed in (0, 1):
-        obs, info = env.reset(seed=seed)
-        plain.reset(obs, info)
-        replan.reset(obs, info)
-        for _ in range(60):  # the oracle drives
-            a, b = plain.label(obs, info).label, replan.label(obs, info).label
-            np.testing.assert_array_equal(a, b)
-            obs, _, _, _, info = env.step(a)
+    for task in ("push", "pickplace"):
+        env = gymnasium.make(IDS[task], use_cameras=False)
+        plain, replan = make_oracle(env), make_oracle(env)
+        replan.replan = True
+        for seed in (0, 1):
+            obs, info = env.reset(seed=seed)
+            plain.reset(obs, info)
+            replan.reset(obs, info)
+            for _ in range(60):  # the oracle drives
+                a, b = plain.label(obs, info).label, replan.label(obs, info).label
+                np.testing.assert_array_equal(a, b)
+                obs, _, _, _, info = env.step(a)
     obs, info = env.reset(seed=2)
     plain.reset(obs, info)
     replan.reset(obs, info)
