@@ -404,6 +404,9 @@ def test_replan_labels_from_where_the_arm_is():
                 a, b = plain.label(obs, info).label, replan.label(obs, info).label
                 np.testing.assert_array_equal(a, b)
                 obs, _, _, _, info = env.step(a)
+    env = gymnasium.make(IDS["pickplace"], use_cameras=False)
+    plain, replan = make_oracle(env), make_oracle(env)
+    replan.replan = True
     obs, info = env.reset(seed=2)
     plain.reset(obs, info)
     replan.reset(obs, info)
