@@ -109,6 +109,8 @@ def cmd_refine(args: argparse.Namespace) -> int:
             flagged = ", ".join(f"{k} {v}" for k, v in s["flagged_states"].items() if v)
             extra = (f"states kept {s['kept_states']}, dropped by the filter {s['dropped_states']}"
                      f" (flagged: {flagged or 'none'})")
+            if s["counterfactual_steps"]:
+                extra += f"; the oracle's chunks took {s['counterfactual_steps']} counterfactual steps"
         else:
             from robopolicy.refine import rpd
 
