@@ -35,6 +35,7 @@ Call ``reset(obs, info)`` at the start of every episode.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Mapping
 
 import numpy as np
@@ -96,11 +97,11 @@ class ArmOracle(Oracle):
     def get_state(self) -> dict:
         """A copy of the plan's episode state (phase, commanded point, jaws, ...); :meth:`set_state`
         puts it back (counterfactual rollouts, :meth:`ArmEnv.oracle_chunk`)."""
-        return {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in vars(self).items() if k in self._DYNAMIC}
+        return {k: copy.deepcopy(getattr(self, k)) for k in self._DYNAMIC if hasattr(self, k)}
 
     def set_state(self, state: dict) -> None:
         for k, v in state.items():
-            setattr(self, k, np.copy(v) if isinstance(v, np.ndarray) else v)
+            setattr(self, k, copy.deepcopy(v))
 
     def _goto(self, phase: str) -> None:
         self.phase = phase
@@ -150,9 +151,7 @@ class ArmOracle(Oracle):
             self.cmd = ee.copy()
         if self.task != "pickplace":
             return
-        k = int(info["goal_cube"])
-        cube = np.asarray(info["cube_pos"][k], dtype=float)
-        bowl = np.asarray(info["target_pos"][int(info["goal_target"])], dtype=float)
+        cube, bowl = self._cube_and_bowl(info)
         ph = self.phase
         if self._held(cube, ee):
             over_bowl = np.linalg.norm(ee[:2] - bowl[:2]) < so101.BOWL_RADIUS - 0.012
@@ -164,10 +163,15 @@ class ArmOracle(Oracle):
         elif ph in ("descend", "close") and np.linalg.norm(ee[:2] - cube[:2]) > 0.02:
             self._goto("approach")
 
+    @staticmethod
+    def _cube_and_bowl(info) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of the named cube and the named bowl."""
+        return (np.asarray(info["cube_pos"][int(info["goal_cube"])], dtype=float),
+                np.asarray(info["target_pos"][int(info["goal_target"])], dtype=float))
+
     def _plan_pick(self, info, ee) -> np.ndarray:
         k = int(info["goal_cube"])
-        cube = np.asarray(info["cube_pos"][k], dtype=float)
-        bowl = np.asarray(info["target_pos"][int(info["goal_target"])], dtype=float)
+        cube, bowl = self._cube_and_bowl(info)
         held = self._held(cube, ee)
         ph = self.phase
         if ph == "approach":
