@@ -4,6 +4,7 @@ clear errors, checkpoint round trip (and ``robopolicy.eval`` runs the combined c
 from __future__ import annotations
 
 import csv
+import random
 
 import numpy as np
 import pytest
@@ -296,7 +297,8 @@ def test_dagger_filter_drops_unreliable_labels():
     probed = ["target_lost", "near_collision", "unrecoverable"]
     assert [dagger.keep(f, probed) for f in (frame, saved, doomed)] == [True, True, False]
     assert dagger.flag_counts([frame, lost, saved, doomed]) == {
-        "target_lost": 1, "near_collision": 0, "target_unseen": 1, "pre_failure": 2, "unrecoverable": 1}
+        "target_lost": 1, "near_collision": 0, "target_unseen": 1, "pre_failure": 2, "unrecoverable": 1,
+        "rescue": 0}
     with pytest.raises(ValueError, match="recover_horizon"):
         dagger.DAggerConfig(recover_horizon=0)
     assert all(dagger.keep(f, []) for f in (frame, lost, crash, before_fail))  # no filter: keep all
@@ -367,6 +369,34 @@ def test_dagger_marks_the_unrecoverable_states_before_each_failure():
     counts = dagger.flag_counts(frames)
     assert 0 < counts["unrecoverable"] < counts["pre_failure"]
     assert sum(dagger.keep(f, dcfg.filter) for f in frames) == len(frames) - counts["unrecoverable"]
+    # rescue states: the probed ones the oracle still saves
+    assert all(f["rescue"] == (f["pre_failure"] and not f["unrecoverable"]) for f in frames)
+    assert counts["rescue"] == counts["pre_failure"] - counts["unrecoverable"] > 0
+
+
+def test_dagger_draws_rescue_states_by_their_weight(monkeypatch):
+    """``rescue_weight`` w: a rescue state is drawn w times as often as another kept state."""
+    drawn: list[dict] = []
+    monkeypatch.setattr(dagger, "make_batch", lambda frames, policy, scene=None: drawn.extend(frames) or {})
+
+    class Stub(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def losses(self, batch, weights):
+            return {"total": (self.w ** 2).sum()}
+
+    data = [{"rescue": i < 10} for i in range(100)]
+    shares = []
+    for weight in (1.0, 9.0):
+        drawn.clear()
+        cfg = dagger.DAggerConfig(rescue_weight=weight, finetune_steps=200, batch_size=32)
+        dagger.finetune(Stub(), data, cfg, random.Random(0))
+        shares.append(sum(f["rescue"] for f in drawn) / len(drawn))
+    assert abs(shares[0] - 0.1) < 0.03 and abs(shares[1] - 0.5) < 0.05  # 10 of 100; 90 of 180 by weight
+    with pytest.raises(ValueError, match="rescue_weight"):
+        dagger.DAggerConfig(rescue_weight=0)
 
 
 def test_rpd_bc_term_pulls_the_student_toward_the_teacher(tmp_path):

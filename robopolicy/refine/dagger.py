@@ -31,7 +31,10 @@ episode that ended in collision or loss, all of them), ``unrecoverable`` (of tho
 from which the oracle itself, taking over, collides or loses the target within
 ``recover_horizon`` steps: a counterfactual probe in the env, PersonFollow only). ``pre_failure``
 also drops the states just before a failure that the oracle could still have saved, the ones
-whose labels show the recovery; ``unrecoverable`` keeps those.
+whose labels show the recovery; ``unrecoverable`` keeps those. ``rescue_weight`` draws those kept,
+saveable states (the probe's "rescue" states) that many times as often in fine-tuning: a failure is
+rare in the rollouts (a few episodes per iteration), and its rescue states are the only ones whose
+labels show how to avoid it.
 """
 
 from __future__ import annotations
@@ -74,6 +77,11 @@ class DAggerConfig(RefineRunOptions):
     recover_horizon: int = 20
     """Steps the oracle must drive from a probed state without collision or loss to count as
     recoverable (``unrecoverable``)."""
+    rescue_weight: float = 1.0
+    """How often a rescue state (one of a failed episode's last ``pre_failure_steps`` states from
+    which the oracle, taking over, still avoids the failure: probed as for ``unrecoverable``) is drawn
+    for fine-tuning, relative to any other kept state (1: uniformly, DAgger as written; PersonFollow
+    only, as the probe)."""
     replan: bool = True
     """The oracle re-anchors its plan to the robot's actual state before labelling it (see
     :attr:`sim_envs.core.Oracle.replan`; the arm oracle uses it; the tracking oracle re-plans from
@@ -115,6 +123,8 @@ class DAggerConfig(RefineRunOptions):
         if self.pre_failure_steps < 0 or self.recover_horizon < 1:
             raise ValueError(f"dagger: pre_failure_steps must be >= 0 and recover_horizon >= 1, got "
                              f"{self.pre_failure_steps} and {self.recover_horizon}")
+        if self.rescue_weight <= 0:
+            raise ValueError(f"dagger.rescue_weight must be > 0 (1: no weighting), got {self.rescue_weight}")
         if self.max_states < 0:
             raise ValueError(f"dagger.max_states must be >= 0 (0: keep every state), got {self.max_states}")
         if self.chunk_labels not in ("along", "oracle"):
@@ -183,7 +193,7 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
     oracle labels and filter flags (episodes in progress at the end are kept, unflagged), and with
     ``scene_label``'s value from the env's info under ``"scene"``."""
     act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
-    probe = cfg.pre_failure_steps if "unrecoverable" in cfg.filter else 0
+    probe = cfg.pre_failure_steps if "unrecoverable" in cfg.filter or cfg.rescue_weight != 1.0 else 0
     chunk = policy.config.horizon if cfg.chunk_labels == "oracle" and waypoints is None and not scene_label else 0
     envs = make_vector_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints,
                             probe_window=probe, probe_horizon=cfg.recover_horizon, replan=cfg.replan,
@@ -224,6 +234,7 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
                         fr["pre_failure"] = failed and j >= n_ep - cfg.pre_failure_steps
                         fr["unrecoverable"] = bool(probe and j >= n_ep - probe
                                                    and final["unrecoverable"][i][probe - n_ep + j] > 0)
+                        fr["rescue"] = bool(probe and failed and j >= n_ep - probe and not fr["unrecoverable"])
                     frames += _with_chunks(episodes[i])
                     episodes[i] = []
                 reset([int(i) for i in np.flatnonzero(done)])
@@ -231,7 +242,7 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
         envs.close()
     for ep in episodes:
         for fr in ep:
-            fr["pre_failure"] = fr["unrecoverable"] = False
+            fr["pre_failure"] = fr["unrecoverable"] = fr["rescue"] = False
         frames += _with_chunks(ep)
     return frames
 
@@ -263,10 +274,10 @@ def keep(frame: dict, filters: list[str]) -> bool:
 
 
 def flag_counts(frames: list[dict]) -> dict[str, int]:
-    """How many of ``frames`` each filter would drop, applied or not (``unrecoverable`` is only
-    known where it was probed)."""
+    """How many of ``frames`` each filter would drop, applied or not, and how many are rescue
+    states (``unrecoverable`` and ``rescue`` are only known where the end was probed)."""
     counts = {f: sum(bool(fr["flags"][k] > 0) for fr in frames) for k, f in enumerate(LABEL_FLAGS)}
-    counts.update({f: sum(bool(fr.get(f, False)) for fr in frames) for f in ("pre_failure", "unrecoverable")})
+    counts.update({f: sum(bool(fr.get(f, False)) for fr in frames) for f in ("pre_failure", "unrecoverable", "rescue")})
     return counts
 
 
@@ -342,8 +353,12 @@ def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, or
     policy.train()
     losses = []
     n_orig = int(round(cfg.batch_size * cfg.original_fraction)) if original is not None else 0
+    weights = [cfg.rescue_weight if f.get("rescue") else 1.0 for f in data]
+    weighted = any(w != 1.0 for w in weights)
     for _ in range(cfg.finetune_steps):
-        batch = make_batch(rng.sample(data, min(cfg.batch_size - n_orig, len(data))), policy, scene_label)
+        k = min(cfg.batch_size - n_orig, len(data))
+        picked = rng.choices(data, weights, k=k) if weighted else rng.sample(data, k)
+        batch = make_batch(picked, policy, scene_label)
         if n_orig:
             batch = _mix(batch, original, n_orig, rng)
         loss = policy.losses(batch, {"locate" if scene_label else "action": 1.0})["total"]
@@ -386,7 +401,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     log(f"[dagger] before: success {before.success:.1%} {before.metrics}")
     original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
-    env_steps, counterfactual, dropped, flagged = 0, 0, 0, dict.fromkeys(FILTERS, 0)
+    env_steps, counterfactual, dropped, flagged = 0, 0, 0, dict.fromkeys((*FILTERS, "rescue"), 0)
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
         beta = cfg.beta0 * cfg.beta_decay**it
@@ -409,8 +424,10 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         if curve.is_best() and res.success > before.success:
             policy.save(out / "best")
         bar.clear()  # the line goes above the bar, not into it
-        log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states, aggregate {len(data)}, "
-            f"loss {loss:.4f}, success {res.success:.1%} {res.metrics}")
+        probed = "unrecoverable" in cfg.filter or cfg.rescue_weight != 1.0
+        rescued = f" ({sum(bool(f.get('rescue')) for f in kept)} rescue)" if probed else ""
+        log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states{rescued}, aggregate "
+            f"{len(data)}, loss {loss:.4f}, success {res.success:.1%} {res.metrics}")
         bar.refresh()
     bar.close()
     policy.save(out / "final")
@@ -418,6 +435,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
                "env_steps": env_steps, "counterfactual_steps": counterfactual,
                "dropped_states": dropped, "kept_states": env_steps - dropped, "flagged_states": flagged,
+               "rescue_states": sum(bool(f.get("rescue")) for f in data), "rescue_weight": cfg.rescue_weight,
                "aggregate_states": len(data),
                "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
                **curve.best_summary(above=before.success),

@@ -1,0 +1,127 @@
+"""How PersonFollow episodes end, and whether the oracle could still have saved the failures.
+
+    .venv/bin/python bench/tracking_failures.py checkpoint=outputs/train/track_stage3/final
+    .venv/bin/python bench/tracking_failures.py checkpoint=outputs/refine/dagger_dt/final split=at episodes=200
+
+Runs a waypoint policy (through pure pursuit, as ``robopolicy eval`` runs it) on the evaluation
+seeds and sorts every episode by how it ended:
+
+- ``success``; ``ended unsuccessful`` (the target finished its walk, the robot outside the band);
+- ``lost`` (the target out of sight and range for too long);
+- ``collision: target`` / ``collision: other person`` (the nearest person within 0.5 m is the target
+  or not) / ``collision: obstacle or wall``.
+
+For every collision it prints the robot's forward speed at contact and, walking back from the
+contact, how many of the last ``window`` states had a person within 0.7 m (what DAgger's
+``near_collision`` filter drops) and the earliest of them from which the oracle, taking over,
+still avoids collision and loss for ``horizon`` steps (``oracle_recovers``): the steps before
+contact at which the policy could still have been taught to avoid it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from robopolicy.config import load_config  # noqa: E402
+
+NEAR = 0.7  # m: DAgger's near_collision flag (robopolicy.refine.common.label_flags)
+
+
+@dataclass
+class TrackingFailureConfig:
+    checkpoint: str = ""
+    """A waypoint (tracking) policy checkpoint."""
+    split: str = "dt"
+    episodes: int = 100
+    seed: int = 100_000
+    window: int = 10
+    """States before a collision to inspect (and to probe with the oracle)."""
+    horizon: int = 20
+    """Steps the oracle must drive without collision or loss for a probed state to count as saved."""
+    image_size: int = 96
+
+
+def classify(info: dict) -> str:
+    m, em = info["metrics"], info["episode_metrics"]
+    if em["success"]:
+        return "success"
+    if m["collision"]:
+        if m["min_person_distance"] >= 0.5:
+            return "collision: obstacle or wall"
+        rel = info["people_poses"][info["people_mask"], :2] - info["robot_pose"][:2]
+        return "collision: target" if int(np.argmin(np.hypot(rel[:, 0], rel[:, 1]))) == 0 else "collision: other person"
+    if m["lost"]:
+        return "lost"
+    return "ended unsuccessful"
+
+
+KINDS = ("success", "ended unsuccessful", "lost", "collision: target", "collision: other person",
+         "collision: obstacle or wall")
+
+
+def main(argv: list[str]) -> int:
+    from robopolicy.envs import EnvConfig
+    from robopolicy.eval.policy_runner import to_policy_batch
+    from robopolicy.refine.common import make_refine_env
+    from robopolicy.refine.residual import load_any_policy
+
+    cfg = load_config(TrackingFailureConfig, None, argv)
+    if not cfg.checkpoint:
+        raise SystemExit("give checkpoint=DIR")
+    torch.set_num_threads(1)
+    policy = load_any_policy(cfg.checkpoint)
+    if getattr(policy, "output", None) != "waypoints":
+        raise SystemExit(f"{cfg.checkpoint}: not a waypoint policy (a tracking checkpoint is needed)")
+    env = make_refine_env(EnvConfig("robopolicy/PersonFollow-v0", {"split": cfg.split, "image_size": cfg.image_size}),
+                          waypoints=policy.horizon)
+    base = env.unwrapped
+    counts = dict.fromkeys(KINDS, 0)
+    collisions: list[dict] = []
+    for e in tqdm(range(cfg.episodes), desc=f"episodes ({cfg.split})", unit="ep"):
+        obs, info = env.reset(seed=cfg.seed + e)
+        policy.reset()
+        recent: list[tuple] = []  # (env state, info) of the states the last actions were taken in
+        term = trunc = False
+        while not (term or trunc):
+            recent = (recent + [(base.get_state(), info)])[-cfg.window:]
+            with torch.inference_mode():
+                wp = policy.predict(to_policy_batch({k: ([v] if isinstance(v, str) else np.asarray(v)[None])
+                                                     for k, v in obs.items()})).numpy()[0]
+            obs, _r, term, trunc, info = env.step(wp)
+        kind = classify(info)
+        counts[kind] += 1
+        if kind.startswith("collision"):
+            near = [float(i["metrics"]["min_person_distance"]) < NEAR for _s, i in recent]
+            saved = [base.oracle_recovers(i, cfg.horizon, state=s) for s, i in recent]
+            before = [len(recent) - j for j, ok in enumerate(saved) if ok]  # steps before contact, saved states
+            collisions.append({"kind": kind, "speed": float(info["robot_velocity"][0]), "near": sum(near),
+                               "near_saved": sum(a and b for a, b in zip(near, saved)),
+                               "latest_saved": min(before) if before else None})
+    n = cfg.episodes
+    print(f"\n| {cfg.checkpoint} ({cfg.split}) | episodes | share |\n|---|---:|---:|")
+    for kind in KINDS:
+        print(f"| {kind} | {counts[kind]} | {counts[kind] / n:.1%} |")
+    if collisions:
+        saved = [c["latest_saved"] for c in collisions if c["latest_saved"] is not None]
+        print(f"\ncollisions: {len(collisions)}; forward speed at contact: mean {np.mean([c['speed'] for c in collisions]):.2f} m/s; "
+              f"states within {NEAR} m of a person among the last {cfg.window}: mean {np.mean([c['near'] for c in collisions]):.1f}, "
+              f"of them saved by the oracle: mean {np.mean([c['near_saved'] for c in collisions]):.1f}")
+        print(f"the oracle, taking over within the last {cfg.window} states, avoids {len(saved)} of {len(collisions)} "
+              f"collisions; the latest state it still saves is a median "
+              f"{np.median(saved) if saved else float('nan'):.0f} steps before contact")
+    print(f"[tracking failures] {cfg.checkpoint} ({cfg.split}): success {counts['success'] / n:.1%}, "
+          f"collision {sum(v for k, v in counts.items() if k.startswith('collision')) / n:.1%} of {n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
