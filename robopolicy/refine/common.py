@@ -163,7 +163,8 @@ LABEL_FLAGS = ("target_lost", "near_collision", "target_unseen")
 def label_flags(info: dict) -> np.ndarray:
     """Per-state reasons an oracle label may be unreliable, as floats in :data:`LABEL_FLAGS` order:
     the target is out of sight and beyond following range (not recoverable from here); a
-    person or obstacle is already within collision range (the oracle cannot avoid it any more); the
+    person is within 0.7 m, near the 0.5 m collision distance (obstacles and walls are not checked:
+    a collision with them is left to the ``unrecoverable`` probe); the
     target is not visible in the camera (occluded or outside the field of view), so the label
     steers toward a person the policy's current frame does not show."""
     m = info.get("metrics")
