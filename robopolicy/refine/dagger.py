@@ -32,9 +32,8 @@ from which the oracle itself, taking over, collides or loses the target within
 ``recover_horizon`` steps: a counterfactual probe in the env, PersonFollow only). ``pre_failure``
 also drops the states just before a failure that the oracle could still have saved, the ones
 whose labels show the recovery; ``unrecoverable`` keeps those. ``rescue_weight`` draws those kept,
-saveable states (the probe's "rescue" states) that many times as often in fine-tuning: a failure is
-rare in the rollouts (a few episodes per iteration), and its rescue states are the only ones whose
-labels show how to avoid it.
+saveable states (the probe's "rescue" states) that many times as often in fine-tuning: failures are
+few in the rollouts (10–23 episodes in 6000 states, measured on PersonFollow), and these labels show how to avoid them.
 """
 
 from __future__ import annotations
@@ -193,7 +192,7 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
     oracle labels and filter flags (episodes in progress at the end are kept, unflagged), and with
     ``scene_label``'s value from the env's info under ``"scene"``."""
     act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
-    probe = cfg.pre_failure_steps if "unrecoverable" in cfg.filter or cfg.rescue_weight != 1.0 else 0
+    probe = cfg.pre_failure_steps if _probes(cfg) else 0
     chunk = policy.config.horizon if cfg.chunk_labels == "oracle" and waypoints is None and not scene_label else 0
     envs = make_vector_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints,
                             probe_window=probe, probe_horizon=cfg.recover_horizon, replan=cfg.replan,
@@ -245,6 +244,11 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
             fr["pre_failure"] = fr["unrecoverable"] = fr["rescue"] = False
         frames += _with_chunks(ep)
     return frames
+
+
+def _probes(cfg: DAggerConfig) -> bool:
+    """Whether the rollouts probe the states before each failure (``unrecoverable``, rescue states)."""
+    return "unrecoverable" in cfg.filter or cfg.rescue_weight != 1.0
 
 
 def _failed(final: dict, i: int) -> bool:
@@ -424,8 +428,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         if curve.is_best() and res.success > before.success:
             policy.save(out / "best")
         bar.clear()  # the line goes above the bar, not into it
-        probed = "unrecoverable" in cfg.filter or cfg.rescue_weight != 1.0
-        rescued = f" ({sum(bool(f.get('rescue')) for f in kept)} rescue)" if probed else ""
+        rescued = f" ({sum(bool(f.get('rescue')) for f in kept)} rescue)" if _probes(cfg) else ""
         log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states{rescued}, aggregate "
             f"{len(data)}, loss {loss:.4f}, success {res.success:.1%} {res.metrics}")
         bar.refresh()
