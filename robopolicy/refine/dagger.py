@@ -33,7 +33,8 @@ from which the oracle itself, taking over, collides or loses the target within
 also drops the states just before a failure that the oracle could still have saved, the ones
 whose labels show the recovery; ``unrecoverable`` keeps those. ``rescue_weight`` draws those kept,
 saveable states (the probe's "rescue" states) that many times as often in fine-tuning: failures are
-few in the rollouts (10–23 episodes in 6000 states, measured on PersonFollow), and these labels show how to avoid them.
+few in the rollouts (10–23 episodes in 6000 states, measured on PersonFollow), and these labels
+show how to avoid them.
 """
 
 from __future__ import annotations
