@@ -32,8 +32,9 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from robopolicy.config import load_config  # noqa: E402
+from robopolicy.refine.common import NEAR_PERSON as NEAR  # noqa: E402  (DAgger's near_collision flag)
+from sim_envs.person_follow.metrics import COLLISION_DISTANCE  # noqa: E402
 
-NEAR = 0.7  # m: DAgger's near_collision flag (robopolicy.refine.common.label_flags)
 
 
 @dataclass
@@ -55,7 +56,7 @@ def classify(info: dict) -> str:
     if em["success"]:
         return "success"
     if m["collision"]:
-        if m["min_person_distance"] >= 0.5:
+        if m["min_person_distance"] >= COLLISION_DISTANCE:
             return "collision: obstacle or wall"
         rel = info["people_poses"][info["people_mask"], :2] - info["robot_pose"][:2]
         return "collision: target" if int(np.argmin(np.hypot(rel[:, 0], rel[:, 1]))) == 0 else "collision: other person"

@@ -158,6 +158,8 @@ class RefineEnv(gymnasium.Wrapper):
 
 
 LABEL_FLAGS = ("target_lost", "near_collision", "target_unseen")
+NEAR_PERSON = 0.7
+"""m: a person this close raises ``near_collision`` (the collision distance is 0.5 m)."""
 
 
 def label_flags(info: dict) -> np.ndarray:
@@ -172,7 +174,7 @@ def label_flags(info: dict) -> np.ndarray:
         return np.zeros(len(LABEL_FLAGS), np.float32)
     unseen = not m.get("visible", True)
     lost = unseen and float(m.get("distance", 0.0)) > 3.0 or int(m.get("lost_counter", 0)) > 10
-    near = float(m.get("min_person_distance", 9.0)) < 0.7
+    near = float(m.get("min_person_distance", 9.0)) < NEAR_PERSON
     return np.array([float(lost), float(near), float(unseen)], np.float32)
 
 
