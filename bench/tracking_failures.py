@@ -13,9 +13,9 @@ seeds and sorts every episode by how it ended:
 
 For every collision it prints the robot's forward speed at contact and, walking back from the
 contact, how many of the last ``window`` states had a person within 0.7 m (what DAgger's
-``near_collision`` filter drops) and the earliest of them from which the oracle, taking over,
-still avoids collision and loss for ``horizon`` steps (``oracle_recovers``): the steps before
-contact at which the policy could still have been taught to avoid it.
+``near_collision`` filter drops), whether the oracle, taking over at any of them, still avoids
+collision and loss for ``horizon`` steps (``oracle_recovers``), and how many steps before contact
+the latest such state is: how late the policy could still have been taught to avoid it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from tqdm import tqdm  # noqa: E402
 from robopolicy.config import load_config  # noqa: E402
 from robopolicy.refine.common import NEAR_PERSON as NEAR  # noqa: E402  (DAgger's near_collision flag)
 from sim_envs.person_follow.metrics import COLLISION_DISTANCE  # noqa: E402
-
 
 
 @dataclass
@@ -58,8 +57,9 @@ def classify(info: dict) -> str:
     if m["collision"]:
         if m["min_person_distance"] >= COLLISION_DISTANCE:
             return "collision: obstacle or wall"
-        rel = info["people_poses"][info["people_mask"], :2] - info["robot_pose"][:2]
-        return "collision: target" if int(np.argmin(np.hypot(rel[:, 0], rel[:, 1]))) == 0 else "collision: other person"
+        rel = info["people_poses"][:, :2] - info["robot_pose"][:2]
+        dist = np.where(info["people_mask"], np.hypot(rel[:, 0], rel[:, 1]), np.inf)  # per slot
+        return "collision: target" if int(np.argmin(dist)) == int(info["target_index"]) else "collision: other person"
     if m["lost"]:
         return "lost"
     return "ended unsuccessful"
