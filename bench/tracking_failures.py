@@ -16,6 +16,11 @@ contact, how many of the last ``window`` states had a person within 0.7 m (what 
 ``near_collision`` filter drops), whether the oracle, taking over at any of them, still avoids
 collision and loss for ``horizon`` steps (``oracle_recovers``), and how many steps before contact
 the latest such state is: how late the policy could still have been taught to avoid it.
+
+For every contact with an obstacle or wall it also prints where on the robot's rim the contact
+is (bearing from the heading: ahead, side, behind) and in how many of the last ``window`` states
+the contact spot (the point of the obstacle or wall that is touched) lay inside the front
+camera's horizontal field of view: whether the policy could have seen what it hit.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from tqdm import tqdm  # noqa: E402
 
 from robopolicy.config import load_config  # noqa: E402
 from robopolicy.refine.common import NEAR_PERSON as NEAR  # noqa: E402  (DAgger's near_collision flag)
+from sim_envs.person_follow.geometry import clearance, to_robot_frame, wrap_angle  # noqa: E402
 from sim_envs.person_follow.metrics import COLLISION_DISTANCE  # noqa: E402
+from sim_envs.person_follow.scene import ROBOT_RADIUS  # noqa: E402
 
 
 @dataclass
@@ -65,6 +72,22 @@ def classify(info: dict) -> str:
     return "ended unsuccessful"
 
 
+def contact_point(pose: np.ndarray, obstacles: np.ndarray, room_half: float, samples: int = 72) -> np.ndarray:
+    """The world point of the obstacle or wall nearest the robot's rim at ``pose``: the rim point of
+    least clearance, pushed out by that clearance along the rim's normal."""
+    ang = pose[2] + np.linspace(-np.pi, np.pi, samples, endpoint=False)
+    rim = pose[:2] + ROBOT_RADIUS * np.stack([np.cos(ang), np.sin(ang)], axis=-1)
+    d = clearance(rim, obstacles, room_half)
+    i = int(np.argmin(d))
+    return rim[i] + max(float(d[i]), 0.0) * np.array([np.cos(ang[i]), np.sin(ang[i])])
+
+
+def bearing(pose: np.ndarray, point: np.ndarray) -> float:
+    """Bearing of a world point from the robot's heading, degrees (0 ahead, ±180 behind)."""
+    rel = to_robot_frame(pose, point)
+    return float(np.degrees(wrap_angle(np.arctan2(rel[1], rel[0]))))
+
+
 KINDS = ("success", "ended unsuccessful", "lost", "collision: target", "collision: other person",
          "collision: obstacle or wall")
 
@@ -85,6 +108,7 @@ def main(argv: list[str]) -> int:
     env = make_refine_env(EnvConfig("robopolicy/PersonFollow-v0", {"split": cfg.split, "image_size": cfg.image_size}),
                           waypoints=policy.horizon)
     base = env.unwrapped
+    half_fov = 0.5 * base.hfov_deg
     counts = dict.fromkeys(KINDS, 0)
     collisions: list[dict] = []
     for e in tqdm(range(cfg.episodes), desc=f"episodes ({cfg.split})", unit="ep"):
@@ -104,9 +128,17 @@ def main(argv: list[str]) -> int:
             near = [float(i["metrics"]["min_person_distance"]) < NEAR for _s, i in recent]
             saved = [base.oracle_recovers(i, cfg.horizon, state=s) for s, i in recent]
             before = [len(recent) - j for j, ok in enumerate(saved) if ok]  # steps before contact, saved states
-            collisions.append({"kind": kind, "speed": float(info["robot_velocity"][0]), "near": sum(near),
-                               "near_saved": sum(a and b for a, b in zip(near, saved)),
-                               "latest_saved": min(before) if before else None})
+            c = {"kind": kind, "speed": float(info["robot_velocity"][0]), "near": sum(near),
+                 "near_saved": sum(a and b for a, b in zip(near, saved)),
+                 "latest_saved": min(before) if before else None}
+            if kind == "collision: obstacle or wall":
+                obstacles = np.asarray(info["obstacles"])[np.asarray(info["obstacle_mask"], dtype=bool)]
+                room = float(info["room_half_extent"])
+                spot = contact_point(np.asarray(info["robot_pose"], dtype=np.float64), obstacles, room)
+                c["bearing"] = bearing(np.asarray(info["robot_pose"]), spot)
+                c["wall"] = bool(room - np.max(np.abs(spot)) < 1e-3)
+                c["in_view"] = sum(abs(bearing(np.asarray(i["robot_pose"]), spot)) <= half_fov for _s, i in recent)
+            collisions.append(c)
     n = cfg.episodes
     print(f"\n| {cfg.checkpoint} ({cfg.split}) | episodes | share |\n|---|---:|---:|")
     for kind in KINDS:
@@ -119,6 +151,18 @@ def main(argv: list[str]) -> int:
         print(f"the oracle, taking over within the last {cfg.window} states, avoids {len(saved)} of {len(collisions)} "
               f"collisions; the latest state it still saves is a median "
               f"{np.median(saved) if saved else float('nan'):.0f} steps before contact")
+    contacts = [c for c in collisions if "bearing" in c]
+    if contacts:
+        b = np.abs([c["bearing"] for c in contacts])
+        print(f"\nobstacle or wall contacts: {len(contacts)} ({sum(c['wall'] for c in contacts)} walls); where on the rim: "
+              f"ahead (|bearing| <= {half_fov:.0f} deg) {int((b <= half_fov).sum())}, side {int(((b > half_fov) & (b <= 135)).sum())}, "
+              f"behind (> 135 deg) {int((b > 135).sum())}; the contact spot in the camera's view in a mean "
+              f"{np.mean([c['in_view'] for c in contacts]):.1f} of the last {cfg.window} states "
+              f"(never in view: {sum(c['in_view'] == 0 for c in contacts)})")
+        print("| contact | bearing (deg) | wall | speed (m/s) | spot in view, last states | latest oracle-saved state |\n|---|---:|:-:|---:|---:|---:|")
+        for j, c in enumerate(contacts):
+            print(f"| {j} | {c['bearing']:.0f} | {'yes' if c['wall'] else 'no'} | {c['speed']:.2f} | {c['in_view']} / {cfg.window} | "
+                  f"{c['latest_saved'] if c['latest_saved'] is not None else '-'} |")
     print(f"[tracking failures] {cfg.checkpoint} ({cfg.split}): success {counts['success'] / n:.1%}, "
           f"collision {sum(v for k, v in counts.items() if k.startswith('collision')) / n:.1%} of {n}")
     return 0

@@ -172,6 +172,22 @@ def test_env_collision_and_truncation():
             break
     assert term and info["metrics"]["collision"] and not info["is_success"]
     assert info["episode_metrics"]["collision"] and not info["episode_metrics"]["success"]
+    # drive straight at full speed until something is touched: the rim's clearance to obstacles and
+    # walls (info["robot_clearance"]) shrinks step by step to contact, where it is at most 0
+    env = PersonFollowEnv(camera=False, split="stt")
+    for seed in range(20):
+        obs, info = env.reset(seed=seed)
+        gaps = [info["robot_clearance"]]
+        for _ in range(200):
+            obs, _, term, trunc, info = env.step(np.array([1.2, 0.0]))
+            gaps.append(info["robot_clearance"])
+            if term or trunc:
+                break
+        if term and info["metrics"]["collision"] and info["metrics"]["min_person_distance"] >= 0.5:
+            break
+    else:
+        pytest.fail("no seed drove into an obstacle or wall")
+    assert gaps[0] > 0 and gaps[-1] <= 1e-6 and np.all(np.diff(gaps[-5:]) < 0)
 
 
 # ----------------------------------------------------------------------------- scene rules

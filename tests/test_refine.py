@@ -276,29 +276,32 @@ def test_gae_and_reward_scale():
 
 
 def test_dagger_filter_drops_unreliable_labels():
-    frame = {"flags": np.array([0.0, 0.0, 0.0]), "pre_failure": False}
-    lost = {"flags": np.array([1.0, 0.0, 1.0]), "pre_failure": False}
-    crash = {"flags": np.array([0.0, 1.0, 0.0]), "pre_failure": False}
-    occluded = {"flags": np.array([0.0, 0.0, 1.0]), "pre_failure": False}
-    before_fail = {"flags": np.array([0.0, 0.0, 0.0]), "pre_failure": True}
+    frame = {"flags": np.array([0.0, 0.0, 0.0, 0.0]), "pre_failure": False}
+    lost = {"flags": np.array([1.0, 0.0, 1.0, 0.0]), "pre_failure": False}
+    crash = {"flags": np.array([0.0, 1.0, 0.0, 0.0]), "pre_failure": False}
+    occluded = {"flags": np.array([0.0, 0.0, 1.0, 0.0]), "pre_failure": False}
+    walled = {"flags": np.array([0.0, 0.0, 0.0, 1.0]), "pre_failure": False}
+    before_fail = {"flags": np.array([0.0, 0.0, 0.0, 0.0]), "pre_failure": True}
     every = ["target_lost", "near_collision", "pre_failure"]
-    assert [dagger.keep(f, every) for f in (frame, lost, crash, before_fail)] == [True, False, False, False]
+    assert [dagger.keep(f, every) for f in (frame, lost, crash, before_fail, walled)] == [True, False, False, False, True]
     assert dagger.keep(occluded, every) and not dagger.keep(occluded, ["target_unseen"])
     from robopolicy.refine.common import label_flags
     seen = {"visible": True, "distance": 2.0, "lost_counter": 0, "min_person_distance": 2.0}
-    assert label_flags({"metrics": seen}).tolist() == [0, 0, 0]
-    assert label_flags({"metrics": dict(seen, visible=False)}).tolist() == [0, 0, 1]  # occluded, in range
-    assert label_flags({"metrics": dict(seen, visible=False, distance=3.5)}).tolist() == [1, 0, 1]
-    assert label_flags({"metrics": dict(seen, min_person_distance=0.5)}).tolist() == [0, 1, 0]
-    assert label_flags({}).tolist() == [0, 0, 0]  # an env without tracking metrics (the arm)
+    assert label_flags({"metrics": seen}).tolist() == [0, 0, 0, 0]
+    assert label_flags({"metrics": dict(seen, visible=False)}).tolist() == [0, 0, 1, 0]  # occluded, in range
+    assert label_flags({"metrics": dict(seen, visible=False, distance=3.5)}).tolist() == [1, 0, 1, 0]
+    assert label_flags({"metrics": dict(seen, min_person_distance=0.5)}).tolist() == [0, 1, 0, 0]
+    assert label_flags({"metrics": seen, "robot_clearance": 0.3}).tolist() == [0, 0, 0, 1]  # a wall 0.3 m ahead
+    assert label_flags({"metrics": seen, "robot_clearance": 0.8}).tolist() == [0, 0, 0, 0]
+    assert label_flags({}).tolist() == [0, 0, 0, 0]  # an env without tracking metrics (the arm)
     # unrecoverable drops only the pre-failure states the oracle could not have saved either
     saved = dict(before_fail, unrecoverable=False)
     doomed = dict(before_fail, unrecoverable=True)
     probed = ["target_lost", "near_collision", "unrecoverable"]
     assert [dagger.keep(f, probed) for f in (frame, saved, doomed)] == [True, True, False]
-    assert dagger.flag_counts([frame, lost, saved, doomed]) == {
-        "target_lost": 1, "near_collision": 0, "target_unseen": 1, "pre_failure": 2, "unrecoverable": 1,
-        "rescue": 0}
+    assert dagger.flag_counts([frame, lost, saved, doomed, walled]) == {
+        "target_lost": 1, "near_collision": 0, "target_unseen": 1, "near_obstacle": 1, "pre_failure": 2,
+        "unrecoverable": 1, "rescue": 0}
     with pytest.raises(ValueError, match="recover_horizon"):
         dagger.DAggerConfig(recover_horizon=0)
     assert all(dagger.keep(f, []) for f in (frame, lost, crash, before_fail))  # no filter: keep all
@@ -374,8 +377,9 @@ def test_dagger_marks_the_unrecoverable_states_before_each_failure():
     assert counts["rescue"] == counts["pre_failure"] - counts["unrecoverable"] > 0
 
 
-def test_dagger_draws_rescue_states_by_their_weight(monkeypatch):
-    """``rescue_weight`` w: a rescue state is drawn w times as often as another kept state."""
+def test_dagger_draws_flagged_states_by_their_weight(monkeypatch):
+    """``weights`` {flag: w}: a state with that flag is drawn w times as often as an unflagged one;
+    the factors of several flags multiply."""
     drawn: list[dict] = []
     monkeypatch.setattr(dagger, "make_batch", lambda frames, policy, scene=None: drawn.extend(frames) or {})
 
@@ -387,16 +391,22 @@ def test_dagger_draws_rescue_states_by_their_weight(monkeypatch):
         def losses(self, batch, weights):
             return {"total": (self.w ** 2).sum()}
 
-    data = [{"rescue": i < 10} for i in range(100)]
+    # 10 rescue states, 10 near an obstacle (5 of them both), 85 others
+    data = [{"rescue": i < 10, "flags": np.array([0, 0, 0, float(5 <= i < 15)])} for i in range(100)]
     shares = []
-    for weight in (1.0, 9.0):
+    for weights in ({}, {"rescue": 9.0}, {"rescue": 3.0, "near_obstacle": 3.0}):
         drawn.clear()
-        cfg = dagger.DAggerConfig(rescue_weight=weight, finetune_steps=200, batch_size=32)
+        cfg = dagger.DAggerConfig(weights=weights, finetune_steps=200, batch_size=32)
         dagger.finetune(Stub(), data, cfg, random.Random(0))
-        shares.append(sum(f["rescue"] for f in drawn) / len(drawn))
-    assert abs(shares[0] - 0.1) < 0.03 and abs(shares[1] - 0.5) < 0.05  # 10 of 100; 90 of 180 by weight
-    with pytest.raises(ValueError, match="rescue_weight"):
-        dagger.DAggerConfig(rescue_weight=0)
+        shares.append(sum(f["rescue"] and f["flags"][3] > 0 for f in drawn) / len(drawn))
+    # the 5 with both flags: 5 of 100; 45 of 180 by the rescue weight; 45 of 90 + 5*3 + 5*3 + 85 = 160
+    assert abs(shares[0] - 0.05) < 0.02 and abs(shares[1] - 0.25) < 0.04 and abs(shares[2] - 45 / 160) < 0.04
+    assert dagger.draw_weight(data[7], {"rescue": 3.0, "near_obstacle": 2.0}) == 6.0
+    assert dagger.draw_weight(data[50], {"rescue": 3.0, "near_obstacle": 2.0}) == 1.0
+    with pytest.raises(ValueError, match="weights"):
+        dagger.DAggerConfig(weights={"rescue": 0})
+    with pytest.raises(ValueError, match="unknown flag"):
+        dagger.DAggerConfig(weights={"near_wall": 2.0})
 
 
 def test_rpd_bc_term_pulls_the_student_toward_the_teacher(tmp_path):

@@ -157,8 +157,11 @@ class RefineEnv(gymnasium.Wrapper):
         return out
 
 
-LABEL_FLAGS = ("target_lost", "near_collision", "target_unseen")
+LABEL_FLAGS = ("target_lost", "near_collision", "target_unseen", "near_obstacle")
 NEAR_PERSON = 0.7
+"""m: a person this close is near the 0.5 m collision distance (``near_collision``)."""
+NEAR_OBSTACLE = 0.5
+"""m: the robot's rim this close to an obstacle or wall (``near_obstacle``)."""
 """m: a person this close raises ``near_collision`` (the collision distance is 0.5 m)."""
 
 
@@ -168,14 +171,17 @@ def label_flags(info: dict) -> np.ndarray:
     person is within 0.7 m, near the 0.5 m collision distance (obstacles and walls are not checked:
     a collision with them is left to the ``unrecoverable`` probe); the
     target is not visible in the camera (occluded or outside the field of view), so the label
-    steers toward a person the policy's current frame does not show."""
+    steers toward a person the policy's current frame does not show; the robot's rim is within
+    0.5 m of an obstacle or wall (``info["robot_clearance"]``), where the label brakes or turns
+    away (a flag to weight by, not a sign of a bad label)."""
     m = info.get("metrics")
     if not isinstance(m, dict):
         return np.zeros(len(LABEL_FLAGS), np.float32)
     unseen = not m.get("visible", True)
     lost = unseen and float(m.get("distance", 0.0)) > 3.0 or int(m.get("lost_counter", 0)) > 10
     near = float(m.get("min_person_distance", 9.0)) < NEAR_PERSON
-    return np.array([float(lost), float(near), float(unseen)], np.float32)
+    walled = float(info.get("robot_clearance", np.inf)) < NEAR_OBSTACLE
+    return np.array([float(lost), float(near), float(unseen), float(walled)], np.float32)
 
 
 def make_refine_env(env: EnvConfig, reward: str = "sparse", privileged: bool = False, oracle: bool = False,

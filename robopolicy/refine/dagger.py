@@ -31,10 +31,13 @@ episode that ended in collision or loss, all of them), ``unrecoverable`` (of tho
 from which the oracle itself, taking over, collides or loses the target within
 ``recover_horizon`` steps: a counterfactual probe in the env, PersonFollow only). ``pre_failure``
 also drops the states just before a failure that the oracle could still have saved, the ones
-whose labels show the recovery; ``unrecoverable`` keeps those. ``rescue_weight`` draws those kept,
-saveable states (the probe's "rescue" states) that many times as often in fine-tuning: failures are
-few in the rollouts (10–23 episodes in 6000 states, measured on PersonFollow), and these labels
-show how to avoid them.
+whose labels show the recovery; ``unrecoverable`` keeps those (the probe's "rescue" states).
+
+Weights (``weights``, flag → factor): fine-tuning draws a kept state in proportion to the product
+of the factors of its flags, e.g. ``{rescue: 10}`` (the saveable states before a failure: failures
+are few in the rollouts, 10–23 episodes in 6000 states measured on PersonFollow, and these labels
+show how to avoid them) or ``{near_obstacle: 5}`` (the robot within 0.5 m of an obstacle or wall,
+where the labels brake or turn away).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from robopolicy.refine.common import (ENV_STATE, LABEL_FLAGS, Curve, EvalResult,
                                       make_vector_envs)
 
 FILTERS = (*LABEL_FLAGS, "pre_failure", "unrecoverable")
+WEIGHTED = (*FILTERS, "rescue")
 
 
 @dataclass
@@ -77,11 +81,12 @@ class DAggerConfig(RefineRunOptions):
     recover_horizon: int = 20
     """Steps the oracle must drive from a probed state without collision or loss to count as
     recoverable (``unrecoverable``)."""
-    rescue_weight: float = 1.0
-    """How often a rescue state (one of a failed episode's last ``pre_failure_steps`` states from
-    which the oracle, taking over, still avoids the failure: probed as for ``unrecoverable``) is drawn
-    for fine-tuning, relative to any other kept state (1: uniformly, DAgger as written; PersonFollow
-    only, as the probe)."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """Flag → how often a kept state with that flag is drawn for fine-tuning, relative to one
+    without (factors multiply; empty: uniformly, DAgger as written). Flags: the label flags
+    (``near_obstacle``: the robot within 0.5 m of an obstacle or wall), ``pre_failure`` and
+    ``rescue`` (a failed episode's last ``pre_failure_steps`` states from which the oracle, taking
+    over, still avoids the failure: probed as for ``unrecoverable``, PersonFollow only)."""
     replan: bool = True
     """The oracle re-anchors its plan to the robot's actual state before labelling it (see
     :attr:`sim_envs.core.Oracle.replan`; the arm oracle uses it; the tracking oracle re-plans from
@@ -123,8 +128,12 @@ class DAggerConfig(RefineRunOptions):
         if self.pre_failure_steps < 0 or self.recover_horizon < 1:
             raise ValueError(f"dagger: pre_failure_steps must be >= 0 and recover_horizon >= 1, got "
                              f"{self.pre_failure_steps} and {self.recover_horizon}")
-        if self.rescue_weight <= 0:
-            raise ValueError(f"dagger.rescue_weight must be > 0 (1: no weighting), got {self.rescue_weight}")
+        bad = [k for k in self.weights if k not in WEIGHTED]
+        if bad:
+            raise ValueError(f"dagger.weights: unknown flag {bad} (choose from {list(WEIGHTED)})")
+        bad = {k: w for k, w in self.weights.items() if not (isinstance(w, (int, float)) and 0 < w < float("inf"))}
+        if bad:
+            raise ValueError(f"dagger.weights: factors must be finite numbers > 0 (1: no weighting), got {bad}")
         if self.max_states < 0:
             raise ValueError(f"dagger.max_states must be >= 0 (0: keep every state), got {self.max_states}")
         if self.chunk_labels not in ("along", "oracle"):
@@ -249,7 +258,20 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
 
 def _probes(cfg: DAggerConfig) -> bool:
     """Whether the rollouts probe the states before each failure (``unrecoverable``, rescue states)."""
-    return "unrecoverable" in cfg.filter or cfg.rescue_weight != 1.0
+    return "unrecoverable" in cfg.filter or cfg.weights.get("rescue", 1.0) != 1.0
+
+
+def has_flag(frame: dict, flag: str) -> bool:
+    """Whether ``frame`` carries ``flag`` (a label flag, or a mark set at its episode's end)."""
+    if flag in LABEL_FLAGS:
+        return bool(frame["flags"][LABEL_FLAGS.index(flag)] > 0)
+    return bool(frame.get(flag, False))
+
+
+def draw_weight(frame: dict, weights: dict[str, float]) -> float:
+    """How often fine-tuning draws ``frame``, relative to an unflagged state: the product of the
+    ``weights`` of the flags it carries."""
+    return float(np.prod([w for flag, w in weights.items() if has_flag(frame, flag)]))
 
 
 def _failed(final: dict, i: int) -> bool:
@@ -272,18 +294,13 @@ def _with_chunks(episode: list[dict]) -> list[dict]:
 
 def keep(frame: dict, filters: list[str]) -> bool:
     """Whether the filter keeps this state's label."""
-    flags = dict(zip(LABEL_FLAGS, frame["flags"]))
-    if any(flags.get(f, 0.0) > 0 for f in filters if f in LABEL_FLAGS):
-        return False
-    return not any(f in filters and frame.get(f, False) for f in ("pre_failure", "unrecoverable"))
+    return not any(has_flag(frame, f) for f in filters)
 
 
 def flag_counts(frames: list[dict]) -> dict[str, int]:
     """How many of ``frames`` each filter would drop, applied or not, and how many are rescue
     states (``unrecoverable`` and ``rescue`` are only known where the end was probed)."""
-    counts = {f: sum(bool(fr["flags"][k] > 0) for fr in frames) for k, f in enumerate(LABEL_FLAGS)}
-    counts.update({f: sum(bool(fr.get(f, False)) for fr in frames) for f in ("pre_failure", "unrecoverable", "rescue")})
-    return counts
+    return {f: sum(has_flag(fr, f) for fr in frames) for f in WEIGHTED}
 
 
 def make_batch(frames: list[dict], policy, scene_label: str | None = None) -> dict:
@@ -358,7 +375,7 @@ def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, or
     policy.train()
     losses = []
     n_orig = int(round(cfg.batch_size * cfg.original_fraction)) if original is not None else 0
-    weights = [cfg.rescue_weight if f.get("rescue") else 1.0 for f in data]
+    weights = [draw_weight(f, cfg.weights) for f in data]
     weighted = any(w != 1.0 for w in weights)
     for _ in range(cfg.finetune_steps):
         k = min(cfg.batch_size - n_orig, len(data))
@@ -406,7 +423,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     log(f"[dagger] before: success {before.success:.1%} {before.metrics}")
     original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
-    env_steps, counterfactual, dropped, flagged = 0, 0, 0, dict.fromkeys((*FILTERS, "rescue"), 0)
+    env_steps, counterfactual, dropped, flagged = 0, 0, 0, dict.fromkeys(WEIGHTED, 0)
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
         beta = cfg.beta0 * cfg.beta_decay**it
@@ -429,7 +446,8 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         if curve.is_best() and res.success > before.success:
             policy.save(out / "best")
         bar.clear()  # the line goes above the bar, not into it
-        rescued = f" ({sum(bool(f.get('rescue')) for f in kept)} rescue)" if _probes(cfg) else ""
+        marks = [f for f in cfg.weights if f != "rescue"] + (["rescue"] if _probes(cfg) else [])
+        rescued = f" ({', '.join(f'{sum(has_flag(x, f) for x in kept)} {f}' for f in marks)})" if marks else ""
         log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states{rescued}, aggregate "
             f"{len(data)}, loss {loss:.4f}, success {res.success:.1%} {res.metrics}")
         bar.refresh()
@@ -439,7 +457,8 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
                "env_steps": env_steps, "counterfactual_steps": counterfactual,
                "dropped_states": dropped, "kept_states": env_steps - dropped, "flagged_states": flagged,
-               "rescue_states": sum(bool(f.get("rescue")) for f in data), "rescue_weight": cfg.rescue_weight,
+               "rescue_states": sum(bool(f.get("rescue")) for f in data), "weights": dict(cfg.weights),
+               "weighted_states": {k: sum(has_flag(f, k) for f in data) for k in cfg.weights},
                "aggregate_states": len(data),
                "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
                **curve.best_summary(above=before.success),

@@ -555,6 +555,9 @@ class PersonFollowEnv(gymnasium.Env):
             "obstacles": self._obstacles_info.copy(),
             "obstacle_mask": self._obstacle_mask.copy(),
             "room_half_extent": float(ROOM_HALF),
+            # the gap between the robot's rim and the nearest obstacle or wall (m; < 0: touching)
+            "robot_clearance": float(clearance(self._robot[:2].astype(np.float64), self._obstacles_active, ROOM_HALF))
+            - ROBOT_RADIUS,
             "reference_steps": self._reference_steps,
             "metrics": sm,
             "is_success": bool(sm["success"]),
