@@ -38,7 +38,7 @@ from tqdm import tqdm  # noqa: E402
 
 from robopolicy.config import load_config  # noqa: E402
 from robopolicy.refine.common import NEAR_PERSON as NEAR  # noqa: E402  (DAgger's near_collision flag)
-from sim_envs.person_follow.geometry import clearance, to_robot_frame, wrap_angle  # noqa: E402
+from sim_envs.person_follow.geometry import nearest_hazard, to_robot_frame, wrap_angle  # noqa: E402
 from sim_envs.person_follow.metrics import COLLISION_DISTANCE  # noqa: E402
 from sim_envs.person_follow.scene import ROBOT_RADIUS  # noqa: E402
 
@@ -70,16 +70,6 @@ def classify(info: dict) -> str:
     if m["lost"]:
         return "lost"
     return "ended unsuccessful"
-
-
-def contact_point(pose: np.ndarray, obstacles: np.ndarray, room_half: float, samples: int = 72) -> np.ndarray:
-    """The world point of the obstacle or wall nearest the robot's rim at ``pose``: the rim point of
-    least clearance, pushed out by that clearance along the rim's normal."""
-    ang = pose[2] + np.linspace(-np.pi, np.pi, samples, endpoint=False)
-    rim = pose[:2] + ROBOT_RADIUS * np.stack([np.cos(ang), np.sin(ang)], axis=-1)
-    d = clearance(rim, obstacles, room_half)
-    i = int(np.argmin(d))
-    return rim[i] + max(float(d[i]), 0.0) * np.array([np.cos(ang[i]), np.sin(ang[i])])
 
 
 def bearing(pose: np.ndarray, point: np.ndarray) -> float:
@@ -134,7 +124,7 @@ def main(argv: list[str]) -> int:
             if kind == "collision: obstacle or wall":
                 obstacles = np.asarray(info["obstacles"])[np.asarray(info["obstacle_mask"], dtype=bool)]
                 room = float(info["room_half_extent"])
-                spot = contact_point(np.asarray(info["robot_pose"], dtype=np.float64), obstacles, room)
+                spot, _gap = nearest_hazard(np.asarray(info["robot_pose"], dtype=np.float64), ROBOT_RADIUS, obstacles, room)
                 c["bearing"] = bearing(np.asarray(info["robot_pose"]), spot)
                 c["wall"] = bool(room - np.max(np.abs(spot)) < 1e-3)
                 c["in_view"] = sum(abs(bearing(np.asarray(i["robot_pose"]), spot)) <= half_fov for _s, i in recent)

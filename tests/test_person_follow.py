@@ -149,6 +149,11 @@ def test_metric_definitions():
     s = summarize_episodes(eps)
     assert s["tracking_rate"] == pytest.approx((90 + 10) / (120 + 50))  # pooled, not averaged
     assert s["success_rate"] == 0.5 and s["collision_rate"] == 0.5 and s["lost_rate"] == 0.0 and s["episodes"] == 2
+    assert s["person_collision_rate"] == 0.0  # the collision was not with a person
+    eps.append(M.episode_metrics(following_steps=5, steps=20, reference_steps=40, success=False, collision=True, lost=False,
+                                 person_collision=True))
+    s = summarize_episodes(eps)
+    assert s["collision_rate"] == pytest.approx(2 / 3) and s["person_collision_rate"] == pytest.approx(1 / 3)
 
 
 def test_env_collision_and_truncation():
@@ -172,6 +177,7 @@ def test_env_collision_and_truncation():
             break
     assert term and info["metrics"]["collision"] and not info["is_success"]
     assert info["episode_metrics"]["collision"] and not info["episode_metrics"]["success"]
+    assert info["episode_metrics"]["person_collision"]  # the target: a person
     # drive straight at full speed until something is touched: the rim's clearance to obstacles and
     # walls (info["robot_clearance"]) shrinks step by step to contact, where it is at most 0
     env = PersonFollowEnv(camera=False, split="stt")
@@ -188,6 +194,7 @@ def test_env_collision_and_truncation():
     else:
         pytest.fail("no seed drove into an obstacle or wall")
     assert gaps[0] > 0 and gaps[-1] <= 1e-6 and np.all(np.diff(gaps[-5:]) < 0)
+    assert info["episode_metrics"]["collision"] and not info["episode_metrics"]["person_collision"]
 
 
 # ----------------------------------------------------------------------------- scene rules

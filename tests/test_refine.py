@@ -4,6 +4,7 @@ clear errors, checkpoint round trip (and ``robopolicy.eval`` runs the combined c
 from __future__ import annotations
 
 import csv
+import dataclasses
 import random
 
 import numpy as np
@@ -301,7 +302,7 @@ def test_dagger_filter_drops_unreliable_labels():
     assert [dagger.keep(f, probed) for f in (frame, saved, doomed)] == [True, True, False]
     assert dagger.flag_counts([frame, lost, saved, doomed, walled]) == {
         "target_lost": 1, "near_collision": 0, "target_unseen": 1, "near_obstacle": 1, "pre_failure": 2,
-        "unrecoverable": 1, "rescue": 0}
+        "unrecoverable": 1, "hazard": 0, "rescue": 0}
     with pytest.raises(ValueError, match="recover_horizon"):
         dagger.DAggerConfig(recover_horizon=0)
     assert all(dagger.keep(f, []) for f in (frame, lost, crash, before_fail))  # no filter: keep all
@@ -347,9 +348,8 @@ def test_recoverability_probe_flags_only_the_states_the_oracle_cannot_save():
         make_refine_env(EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False}), oracle=True, probe_window=5)
 
 
-def test_dagger_marks_the_unrecoverable_states_before_each_failure():
-    """Tracking DAgger with a policy that stands still (waypoints at the robot): every episode ends
-    lost; ``unrecoverable`` marks a suffix of its last ``pre_failure_steps`` states."""
+def _still_waypoint_policy():
+    """A waypoint policy whose waypoints all sit at the robot: it stands still."""
     torch.manual_seed(0)
     cfg = PolicyConfig(head="waypoints", cameras=["front"], encoders=[EncoderConfig(name="test_resnet", image_size=32)],
                        grid=2, context_strides=[0], horizon=8, language=LanguageConfig(enabled=False), d_model=32,
@@ -357,7 +357,13 @@ def test_dagger_marks_the_unrecoverable_states_before_each_failure():
     stats = {k: {s: np.full(shape, v, np.float32) for s, v in
                  (("mean", 0), ("std", 1e-4), ("min", -1e-4), ("max", 1e-4), ("q01", -1e-4), ("q99", 1e-4))}
              for k, shape in (("action", (8, 3)), ("observation.state", (2,)))}
-    still = Policy(cfg, stats).eval()
+    return Policy(cfg, stats).eval()
+
+
+def test_dagger_marks_the_unrecoverable_states_before_each_failure():
+    """Tracking DAgger with a policy that stands still (waypoints at the robot): every episode ends
+    lost; ``unrecoverable`` marks a suffix of its last ``pre_failure_steps`` states."""
+    still = _still_waypoint_policy()
     dcfg = dagger.DAggerConfig(env=EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt", "image_size": 32}),
                                steps_per_iteration=130, num_envs=1, pre_failure_steps=10, recover_horizon=20,
                                filter=["unrecoverable"])
@@ -375,6 +381,44 @@ def test_dagger_marks_the_unrecoverable_states_before_each_failure():
     # rescue states: the probed ones the oracle still saves
     assert all(f["rescue"] == (f["pre_failure"] and not f["unrecoverable"]) for f in frames)
     assert counts["rescue"] == counts["pre_failure"] - counts["unrecoverable"] > 0
+
+
+def test_dagger_hazard_pushes_drive_toward_obstacles_and_hand_back():
+    """``hazard_prob``: a scripted push drives a robot that would stand still toward the nearest
+    obstacle or wall, flagged ``hazard``, and hands back once within ``hazard_stop``."""
+    from robopolicy.refine.common import make_refine_env
+
+    env_cfg = EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt", "image_size": 32})
+    env = make_refine_env(env_cfg, oracle=True, waypoints=8, hazard=True)
+    _, info = env.reset(seed=3)
+    gaps = [info["robot_clearance"]]
+    for _ in range(80):
+        assert info["hazard_action"].shape == (8, 3)
+        _, _, term, trunc, info = env.step(info["hazard_action"])
+        gaps.append(info["robot_clearance"])
+        if term or trunc:
+            break
+    env.close()
+    # it turns to face the nearest obstacle or wall, then closes in on it (until the episode ends)
+    assert gaps[-1] < gaps[0] - 1.0 and np.all(np.diff(gaps[-10:]) < 0)
+    with pytest.raises(ValueError, match="hazard_twist"):
+        make_refine_env(EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False}), hazard=True)
+    with pytest.raises(ValueError, match="hazard"):
+        dagger.DAggerConfig(hazard_prob=0.5, hazard_stop=2.0, hazard_range=1.5)
+
+    still = _still_waypoint_policy()
+    dcfg = dagger.DAggerConfig(env=env_cfg, steps_per_iteration=60, num_envs=1, filter=[], hazard_prob=1.0,
+                               hazard_range=20.0, hazard_steps=100, hazard_stop=0.3)
+    frames = dagger.collect(still, dcfg, 0.0, np.random.default_rng(0), 8)
+    first = frames[0]["episode"]
+    pushed = [f["hazard"] for f in first]
+    near = [dagger.has_flag(f, "near_obstacle") for f in first]
+    assert pushed[0] and any(near)  # pushed from the first step, it comes within 0.5 m
+    # within 0.3 m the push hands back for good: the standing policy stays there, near the obstacle
+    back = pushed.index(False)
+    assert all(pushed[:back]) and not any(pushed[back:]) and all(near[back:]) and len(first) > back + 5
+    calm = dagger.collect(still, dataclasses.replace(dcfg, hazard_prob=0.0), 0.0, np.random.default_rng(0), 8)
+    assert not any(f["hazard"] for f in calm) and dagger.flag_counts(calm)["hazard"] == 0
 
 
 def test_dagger_draws_flagged_states_by_their_weight(monkeypatch):

@@ -79,9 +79,10 @@ class EvalReport:
     def table(self) -> str:
         """Markdown table, one row per split (rates in %)."""
         if self.tracking:
-            head = ["split", "episodes", "SR %", "TR %", "CR %", "lost %", "policy ms/call", "env steps/s"]
+            head = ["split", "episodes", "SR %", "TR %", "CR %", "CR person %", "lost %", "policy ms/call", "env steps/s"]
             rows = [[s.split or s.label, str(s.summary.get("episodes", 0)), _pct(s.summary.get("success_rate")),
                      _pct(s.summary.get("tracking_rate")), _pct(s.summary.get("collision_rate")),
+                     _pct(s.summary.get("person_collision_rate")),
                      _pct(s.summary.get("lost_rate")), _num(s.policy_ms_per_call), _num(s.steps_per_s)]
                     for s in self.splits]
         else:

@@ -75,11 +75,19 @@ class RefineEnv(gymnasium.Wrapper):
       reports it in the final step's ``info["unrecoverable"]`` ``(probe_window,)`` (1: it would
       fail; oldest first, the last entry the state the final action was taken in; 0 where the
       episode was shorter). Only failed episodes pay for the probes.
+    - ``hazard`` (envs with ``hazard_twist``, i.e. PersonFollow): puts a scripted push toward the
+      nearest obstacle or wall in ``info["hazard_action"]``, in the env's action format (waypoints
+      through a :class:`WaypointFollowWrapper`), for rollouts that visit the states a policy must
+      recover from.
     """
 
     def __init__(self, env: gymnasium.Env, reward: str = "sparse", privileged: bool = False, oracle: bool = False,
-                 probe_window: int = 0, probe_horizon: int = 20, replan: bool = False, label_chunk: int = 0):
+                 probe_window: int = 0, probe_horizon: int = 20, replan: bool = False, label_chunk: int = 0,
+                 hazard: bool = False):
         super().__init__(env)
+        if hazard and not hasattr(env.unwrapped, "hazard_twist"):
+            raise ValueError(f"hazard needs an env with hazard_twist(); {type(env.unwrapped).__name__} has none")
+        self.hazard = bool(hazard)
         if label_chunk and not (oracle and hasattr(env.unwrapped, "oracle_chunk")):
             raise ValueError(f"label_chunk needs oracle=True and an env with oracle_chunk(); "
                              f"{type(env.unwrapped).__name__} has none")
@@ -125,8 +133,23 @@ class RefineEnv(gymnasium.Wrapper):
             if "waypoints" in step.extras:
                 info["oracle_waypoints"] = np.asarray(step.extras["waypoints"], np.float32)
             info["label_flags"] = label_flags(info)
+        if self.hazard:
+            info = dict(info)
+            info["hazard_action"] = self._hazard_action(info)
         self._info = info
         return obs, info
+
+    def _hazard_action(self, info: dict) -> np.ndarray:
+        """The env's scripted push toward the nearest obstacle or wall, as this env's action."""
+        from sim_envs.person_follow.waypoints import WaypointFollowWrapper, arc_waypoints
+
+        v, w = self.env.unwrapped.hazard_twist(info)
+        env = self.env
+        while isinstance(env, gymnasium.Wrapper) and not isinstance(env, WaypointFollowWrapper):
+            env = env.env
+        if isinstance(env, WaypointFollowWrapper):
+            return arc_waypoints(float(v), float(w), env.dt, env.num_waypoints)
+        return np.array([v, w], np.float32)
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
@@ -186,7 +209,7 @@ def label_flags(info: dict) -> np.ndarray:
 
 def make_refine_env(env: EnvConfig, reward: str = "sparse", privileged: bool = False, oracle: bool = False,
                     waypoints: int | None = None, probe_window: int = 0, probe_horizon: int = 20,
-                    replan: bool = False, label_chunk: int = 0) -> gymnasium.Env:
+                    replan: bool = False, label_chunk: int = 0, hazard: bool = False) -> gymnasium.Env:
     """One :class:`RefineEnv` (what each vector-env worker unpickles and calls)."""
     inner = make_env(env, render_mode=None)
     if waypoints is not None:
@@ -194,7 +217,7 @@ def make_refine_env(env: EnvConfig, reward: str = "sparse", privileged: bool = F
 
         inner = WaypointFollowWrapper(inner, num_waypoints=int(waypoints))
     return RefineEnv(inner, reward=reward, privileged=privileged, oracle=oracle, probe_window=probe_window,
-                     probe_horizon=probe_horizon, replan=replan, label_chunk=label_chunk)
+                     probe_horizon=probe_horizon, replan=replan, label_chunk=label_chunk, hazard=hazard)
 
 
 def make_vector_envs(env: EnvConfig, num_envs: int, autoreset: bool = True, **kwargs) -> gymnasium.vector.VectorEnv:
@@ -362,7 +385,8 @@ def tracking_metrics(episodes: list[dict]) -> dict[str, float]:
     if not episodes or not all("following_steps" in e for e in episodes):
         return {}
     pooled = summarize_episodes(episodes)
-    return {"collision": pooled["collision_rate"], "lost": pooled["lost_rate"], "tracking_rate": pooled["tracking_rate"]}
+    return {"collision": pooled["collision_rate"], "person_collision": pooled["person_collision_rate"],
+            "lost": pooled["lost_rate"], "tracking_rate": pooled["tracking_rate"]}
 
 
 def _episode_summary(final_info: dict, i: int) -> dict:

@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 from sim_envs.core import check_action, check_choice, check_options
 from sim_envs.person_follow import metrics as M
-from sim_envs.person_follow.geometry import clearance, wrap_angle
+from sim_envs.person_follow.geometry import clearance, nearest_hazard, to_robot_frame, wrap_angle
 from sim_envs.person_follow.people import INSTRUCTION_CHARSET, SHIRT_COLORS, TROUSER_COLORS
 from sim_envs.person_follow.scenario import Scenario, generate_scenario
 from sim_envs.person_follow.scene import (
@@ -362,6 +362,21 @@ class PersonFollowEnv(gymnasium.Env):
         finally:
             self.set_state(saved)
 
+    def hazard_twist(self, info: dict, speed: float = 0.8, gain: float = 2.0) -> np.ndarray:
+        """A scripted push toward trouble, for collecting the states a policy must recover from:
+        the twist ``(v, omega)`` that drives at ``speed`` (m/s) toward the nearest point of an
+        obstacle or wall (from the privileged ``info``), turning at ``gain`` x its bearing. It
+        does not stop short: the caller decides when to hand control back."""
+        pose = np.asarray(info["robot_pose"], dtype=np.float64)
+        obstacles = np.asarray(info["obstacles"], dtype=np.float64)[np.asarray(info["obstacle_mask"], dtype=bool)]
+        point, _gap = nearest_hazard(pose, ROBOT_RADIUS, obstacles, float(info["room_half_extent"]))
+        rel = to_robot_frame(pose, point)
+        bearing = math.atan2(float(rel[1]), float(rel[0]))
+        # turn in place while the hazard is well off to the side, then drive at it
+        v = min(float(speed), self.v_max) * max(0.0, math.cos(bearing))
+        w = float(np.clip(gain * bearing, -self.omega_max, self.omega_max))
+        return np.array([v, w], dtype=np.float32)
+
     def _advance(self, a: np.ndarray) -> dict:
         """One control step of the robot and the people from a clipped twist ``a``; the step's
         info with ``_terminated`` (no observation is rendered)."""
@@ -572,6 +587,7 @@ class PersonFollowEnv(gymnasium.Env):
             success=sm["success"],
             collision=sm["collision"],
             lost=sm["lost"],
+            person_collision=sm["min_person_distance"] < M.COLLISION_DISTANCE,
         )
 
     # ------------------------------------------------------------------ rendering

@@ -54,6 +54,19 @@ def clearance(points: np.ndarray, obstacles: np.ndarray, room_half: float) -> np
     return d
 
 
+def nearest_hazard(pose: np.ndarray, radius: float, obstacles: np.ndarray, room_half: float,
+                   samples: int = 72) -> tuple[np.ndarray, float]:
+    """The point of the obstacle or wall nearest a round robot's rim at ``pose (x, y, yaw)``, and
+    the rim's clearance to it: the rim point of least clearance, pushed out by that clearance
+    along the rim's normal (an approximation to ``2 pi radius / samples`` along the rim)."""
+    pose = np.asarray(pose, dtype=np.float64)
+    ang = pose[2] + np.linspace(-np.pi, np.pi, samples, endpoint=False)
+    normal = np.stack([np.cos(ang), np.sin(ang)], axis=-1)
+    d = clearance(pose[:2] + radius * normal, obstacles, room_half)
+    i = int(np.argmin(d))
+    return pose[:2] + (radius + max(float(d[i]), 0.0)) * normal[i], float(d[i])
+
+
 def segment_point_distance(a: np.ndarray, b: np.ndarray, p: np.ndarray) -> np.ndarray:
     """Distance from points ``p (..., 2)`` to segments ``a->b`` (broadcast)."""
     a = np.asarray(a, dtype=np.float64)

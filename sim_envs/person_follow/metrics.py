@@ -12,6 +12,8 @@ Per episode
                  following and within SUCCESS_BAND of the target, with no collision / loss.
   tracking rate  following steps / max(steps, reference steps); pooled over episodes as
                  sum(following) / sum(max(steps, reference)).
+  person collision  the episode ended in a collision with a person (< COLLISION_DISTANCE): the
+                 collision EVT-Bench counts; ``collision`` also counts obstacles and walls.
 """
 
 from __future__ import annotations
@@ -77,10 +79,12 @@ def tracking_rate(following_steps: int, steps: int, reference_steps: int) -> flo
     return float(following_steps) / float(max(steps, reference_steps, 1))
 
 
-def episode_metrics(following_steps: int, steps: int, reference_steps: int, success: bool, collision: bool, lost: bool) -> dict:
+def episode_metrics(following_steps: int, steps: int, reference_steps: int, success: bool, collision: bool, lost: bool,
+                    person_collision: bool = False) -> dict:
     return {
         "success": bool(success),
         "collision": bool(collision),
+        "person_collision": bool(collision and person_collision),
         "lost": bool(lost),
         "following_steps": int(following_steps),
         "steps": int(steps),
@@ -94,13 +98,15 @@ def summarize_episodes(episodes: Iterable[Mapping]) -> dict:
     eps = list(episodes)
     n = len(eps)
     if n == 0:
-        return {"success_rate": 0.0, "tracking_rate": 0.0, "collision_rate": 0.0, "lost_rate": 0.0, "episodes": 0}
+        return {"success_rate": 0.0, "tracking_rate": 0.0, "collision_rate": 0.0, "person_collision_rate": 0.0,
+                "lost_rate": 0.0, "episodes": 0}
     follow = sum(int(e["following_steps"]) for e in eps)
     denom = sum(max(int(e["steps"]), int(e["reference_steps"]), 1) for e in eps)
     return {
         "success_rate": sum(bool(e["success"]) for e in eps) / n,
         "tracking_rate": follow / denom,
         "collision_rate": sum(bool(e["collision"]) for e in eps) / n,
+        "person_collision_rate": sum(bool(e.get("person_collision", False)) for e in eps) / n,
         "lost_rate": sum(bool(e["lost"]) for e in eps) / n,
         "episodes": n,
     }
