@@ -544,10 +544,12 @@ def test_worker_serves_a_saved_checkpoint_and_its_refined_form(tmp_path):
 
 def test_tracking_metrics_pool_episodes_as_the_task_defines_them():
     eps = [{"success": 1.0, "collision": 0.0, "lost": 0.0, "following_steps": 90.0, "steps": 100.0, "reference_steps": 100.0},
-           {"success": 0.0, "collision": 1.0, "lost": 0.0, "following_steps": 1.0, "steps": 10.0, "reference_steps": 10.0}]
+           {"success": 0.0, "collision": 1.0, "lost": 0.0, "following_steps": 1.0, "steps": 10.0, "reference_steps": 10.0},
+           {"success": 0.0, "collision": 1.0, "person_collision": 1.0, "lost": 0.0, "following_steps": 0.0, "steps": 10.0,
+            "reference_steps": 10.0}]
     m = tracking_metrics(eps)
-    # pooled: 91 following steps over 110 (a per-episode mean of 0.9 and 0.1 would say 0.5)
-    assert m == {"collision": 0.5, "lost": 0.0, "tracking_rate": 91 / 110}
+    # pooled: 91 following steps over 120 (a per-episode mean of 0.9, 0.1 and 0 would say 0.33)
+    assert m == pytest.approx({"collision": 2 / 3, "person_collision": 1 / 3, "lost": 0.0, "tracking_rate": 91 / 120})
     assert tracking_metrics([{"success": 1.0, "steps": 40.0}]) == {}  # arm episodes carry none
     assert tracking_metrics([]) == {}
 
