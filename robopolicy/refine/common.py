@@ -182,10 +182,9 @@ class RefineEnv(gymnasium.Wrapper):
 
 LABEL_FLAGS = ("target_lost", "near_collision", "target_unseen", "near_obstacle")
 NEAR_PERSON = 0.7
-"""m: a person this close is near the 0.5 m collision distance (``near_collision``)."""
-NEAR_OBSTACLE = 0.5
-"""m: the robot's rim this close to an obstacle or wall (``near_obstacle``)."""
 """m: a person this close raises ``near_collision`` (the collision distance is 0.5 m)."""
+NEAR_OBSTACLE = 0.5
+"""m: the robot's rim this close to an obstacle or wall raises ``near_obstacle``."""
 
 
 def label_flags(info: dict) -> np.ndarray:

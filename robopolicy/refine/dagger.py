@@ -32,6 +32,9 @@ from which the oracle itself, taking over, collides or loses the target within
 ``recover_horizon`` steps: a counterfactual probe in the env, PersonFollow only). ``pre_failure``
 also drops the states just before a failure that the oracle could still have saved, the ones
 whose labels show the recovery; ``unrecoverable`` keeps those (the probe's "rescue" states).
+``near_obstacle`` (the robot's rim within 0.5 m of an obstacle or wall) and ``hazard`` (the state
+was driven by a scripted push, see ``hazard_prob``) can be filtered too, though their labels are
+sound: they exist to be weighted.
 
 Weights (``weights``, flag → factor): fine-tuning draws a kept state in proportion to the product
 of the factors of its flags, e.g. ``{rescue: 10}`` (the saveable states before a failure: failures
