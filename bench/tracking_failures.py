@@ -38,8 +38,7 @@ from tqdm import tqdm  # noqa: E402
 
 from robopolicy.config import load_config  # noqa: E402
 from robopolicy.refine.common import NEAR_PERSON as NEAR  # noqa: E402  (DAgger's near_collision flag)
-from sim_envs.person_follow.geometry import nearest_hazard, to_robot_frame, wrap_angle  # noqa: E402
-from sim_envs.person_follow.metrics import COLLISION_DISTANCE  # noqa: E402
+from sim_envs.person_follow.geometry import bearing, nearest_hazard  # noqa: E402
 from sim_envs.person_follow.scene import ROBOT_RADIUS  # noqa: E402
 
 
@@ -62,7 +61,7 @@ def classify(info: dict) -> str:
     if em["success"]:
         return "success"
     if m["collision"]:
-        if m["min_person_distance"] >= COLLISION_DISTANCE:
+        if not em["person_collision"]:
             return "collision: obstacle or wall"
         rel = info["people_poses"][:, :2] - info["robot_pose"][:2]
         dist = np.where(info["people_mask"], np.hypot(rel[:, 0], rel[:, 1]), np.inf)  # per slot
@@ -70,12 +69,6 @@ def classify(info: dict) -> str:
     if m["lost"]:
         return "lost"
     return "ended unsuccessful"
-
-
-def bearing(pose: np.ndarray, point: np.ndarray) -> float:
-    """Bearing of a world point from the robot's heading, degrees (0 ahead, ±180 behind)."""
-    rel = to_robot_frame(pose, point)
-    return float(np.degrees(wrap_angle(np.arctan2(rel[1], rel[0]))))
 
 
 KINDS = ("success", "ended unsuccessful", "lost", "collision: target", "collision: other person",
@@ -125,9 +118,9 @@ def main(argv: list[str]) -> int:
                 obstacles = np.asarray(info["obstacles"])[np.asarray(info["obstacle_mask"], dtype=bool)]
                 room = float(info["room_half_extent"])
                 spot, _gap = nearest_hazard(np.asarray(info["robot_pose"], dtype=np.float64), ROBOT_RADIUS, obstacles, room)
-                c["bearing"] = bearing(np.asarray(info["robot_pose"]), spot)
+                c["bearing"] = np.degrees(bearing(info["robot_pose"], spot))
                 c["wall"] = bool(room - np.max(np.abs(spot)) < 1e-3)
-                c["in_view"] = sum(abs(bearing(np.asarray(i["robot_pose"]), spot)) <= half_fov for _s, i in recent)
+                c["in_view"] = sum(abs(np.degrees(bearing(i["robot_pose"], spot))) <= half_fov for _s, i in recent)
             collisions.append(c)
     n = cfg.episodes
     print(f"\n| {cfg.checkpoint} ({cfg.split}) | episodes | share |\n|---|---:|---:|")

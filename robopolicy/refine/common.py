@@ -88,6 +88,14 @@ class RefineEnv(gymnasium.Wrapper):
         if hazard and not hasattr(env.unwrapped, "hazard_twist"):
             raise ValueError(f"hazard needs an env with hazard_twist(); {type(env.unwrapped).__name__} has none")
         self.hazard = bool(hazard)
+        self._waypoints = None  # the waypoint wrapper that hazard pushes are written for
+        if hazard:
+            from sim_envs.person_follow.waypoints import WaypointFollowWrapper
+
+            inner = env
+            while isinstance(inner, gymnasium.Wrapper) and not isinstance(inner, WaypointFollowWrapper):
+                inner = inner.env
+            self._waypoints = inner if isinstance(inner, WaypointFollowWrapper) else None
         if label_chunk and not (oracle and hasattr(env.unwrapped, "oracle_chunk")):
             raise ValueError(f"label_chunk needs oracle=True and an env with oracle_chunk(); "
                              f"{type(env.unwrapped).__name__} has none")
@@ -141,14 +149,11 @@ class RefineEnv(gymnasium.Wrapper):
 
     def _hazard_action(self, info: dict) -> np.ndarray:
         """The env's scripted push toward the nearest obstacle or wall, as this env's action."""
-        from sim_envs.person_follow.waypoints import WaypointFollowWrapper, arc_waypoints
-
         v, w = self.env.unwrapped.hazard_twist(info)
-        env = self.env
-        while isinstance(env, gymnasium.Wrapper) and not isinstance(env, WaypointFollowWrapper):
-            env = env.env
-        if isinstance(env, WaypointFollowWrapper):
-            return arc_waypoints(float(v), float(w), env.dt, env.num_waypoints)
+        if self._waypoints is not None:
+            from sim_envs.person_follow.waypoints import arc_waypoints
+
+            return arc_waypoints(float(v), float(w), self._waypoints.dt, self._waypoints.num_waypoints)
         return np.array([v, w], np.float32)
 
     def reset(self, **kwargs):

@@ -475,8 +475,8 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         if curve.is_best() and res.success > before.success:
             policy.save(out / "best")
         bar.clear()  # the line goes above the bar, not into it
-        marks = [f for f in cfg.weights if f != "rescue"] + (["rescue"] if _probes(cfg) else []) \
-            + (["hazard"] if cfg.hazard_prob > 0 and "hazard" not in cfg.weights else [])
+        marks = dict.fromkeys([*cfg.weights, *(["rescue"] if _probes(cfg) else []),
+                               *(["hazard"] if cfg.hazard_prob > 0 else [])])
         rescued = f" ({', '.join(f'{sum(has_flag(x, f) for x in kept)} {f}' for f in marks)})" if marks else ""
         log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states{rescued}, aggregate "
             f"{len(data)}, loss {loss:.4f}, success {res.success:.1%} {res.metrics}")

@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 from sim_envs.core import check_action, check_choice, check_options
 from sim_envs.person_follow import metrics as M
-from sim_envs.person_follow.geometry import clearance, nearest_hazard, to_robot_frame, wrap_angle
+from sim_envs.person_follow.geometry import bearing, clearance, nearest_hazard, wrap_angle
 from sim_envs.person_follow.people import INSTRUCTION_CHARSET, SHIRT_COLORS, TROUSER_COLORS
 from sim_envs.person_follow.scenario import Scenario, generate_scenario
 from sim_envs.person_follow.scene import (
@@ -370,11 +370,10 @@ class PersonFollowEnv(gymnasium.Env):
         pose = np.asarray(info["robot_pose"], dtype=np.float64)
         obstacles = np.asarray(info["obstacles"], dtype=np.float64)[np.asarray(info["obstacle_mask"], dtype=bool)]
         point, _gap = nearest_hazard(pose, ROBOT_RADIUS, obstacles, float(info["room_half_extent"]))
-        rel = to_robot_frame(pose, point)
-        bearing = math.atan2(float(rel[1]), float(rel[0]))
+        off = bearing(pose, point)
         # turn in place while the hazard is well off to the side, then drive at it
-        v = min(float(speed), self.v_max) * max(0.0, math.cos(bearing))
-        w = float(np.clip(gain * bearing, -self.omega_max, self.omega_max))
+        v = min(float(speed), self.v_max) * max(0.0, math.cos(off))
+        w = float(np.clip(gain * off, -self.omega_max, self.omega_max))
         return np.array([v, w], dtype=np.float32)
 
     def _advance(self, a: np.ndarray) -> dict:
@@ -554,7 +553,7 @@ class PersonFollowEnv(gymnasium.Env):
         vels[self._slots] = self._pvel
         mask[self._slots] = True
         rel = self._ppos[0, :2] - self._robot[:2]
-        bearing = float(wrap_angle(math.atan2(rel[1], rel[0]) - self._robot[2]))
+        target_bearing = float(wrap_angle(math.atan2(rel[1], rel[0]) - self._robot[2]))
         return {
             "robot_pose": self._robot.astype(np.float32),
             "robot_velocity": self._twist.copy(),
@@ -566,7 +565,7 @@ class PersonFollowEnv(gymnasium.Env):
             "target_visible": bool(sm["visible"]),
             "target_visible_fraction": float(frac),
             "target_distance": float(distance),
-            "target_bearing": bearing,
+            "target_bearing": target_bearing,
             "obstacles": self._obstacles_info.copy(),
             "obstacle_mask": self._obstacle_mask.copy(),
             "room_half_extent": float(ROOM_HALF),

@@ -87,6 +87,13 @@ def to_robot_frame(pose: np.ndarray, points: np.ndarray) -> np.ndarray:
     return np.stack([c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1]], axis=-1)
 
 
+def bearing(pose: np.ndarray, point: np.ndarray) -> float:
+    """Bearing (rad) of a world ``point`` from the heading of ``pose = (x, y, yaw)``: 0 ahead,
+    positive to the left, ±pi behind."""
+    rel = to_robot_frame(pose, point)
+    return float(np.arctan2(rel[1], rel[0]))
+
+
 def integrate_unicycle(pose, v, omega, dt: float, substeps: int = 1):
     """Exact unicycle integration of a constant twist over ``dt`` (vectorised over inputs)."""
     x, y, th = (np.asarray(p, dtype=np.float64) for p in pose)
