@@ -272,6 +272,26 @@ def test_dagger_run_counts_its_counterfactual_steps(trained, tmp_path):
         summary = dagger.train(cfg, log=lambda m: None)
         counts[mode] = summary["counterfactual_steps"]
         assert summary["env_steps"] == 12
+        assert summary["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+        assert summary["seconds_by_phase"]["rollout"] > 0 and summary["seconds_by_phase"]["finetune"] > 0
+        # fine-tuned on the device, saved and rolled out from the CPU
+        assert Policy.load(summary["checkpoint"]).device.type == "cpu"
     h = Policy.load(trained.final).config.horizon
     assert counts["along"] == 0
     assert 0 < counts["oracle"] <= 12 * (h - 1)  # chunks stop at the 12-step episode's end
+
+
+def test_dagger_refuses_a_device_that_is_not_there_before_rolling_out(trained, tmp_path, monkeypatch):
+    from robopolicy.envs import EnvConfig
+    from robopolicy.refine import dagger
+    from robopolicy.train.trainer import TrainError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dagger, "collect", lambda *a, **k: pytest.fail("rolled out before checking the device"))
+    cfg = dagger.DAggerConfig(env=EnvConfig(PP, {"use_cameras": False, "env_state": True, "max_steps": 12}),
+                              base=str(trained.final), iterations=1, steps_per_iteration=12, num_envs=1, filter=[],
+                              device="cuda", eval_episodes=1, eval_envs=1, out_dir=str(tmp_path / "run"),
+                              progress=False)
+    with pytest.raises(TrainError, match="CUDA is not available"):
+        dagger.train(cfg, log=lambda m: None)
+    assert not (tmp_path / "run").exists()

@@ -132,6 +132,10 @@ class DAggerConfig(RefineRunOptions):
     finetune_steps: int = 200
     batch_size: int = 32
     lr: float = 3e-5
+    device: str = "auto"
+    """Where fine-tuning runs: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``, ... The
+    rollouts and evaluations run on the CPU beside the env workers (one observation per env at a
+    time), so the policy moves to the device for each fine-tuning phase and back after it."""
     steps_per_chunk: int | None = None
     """Actions executed per predicted chunk (``None``: the whole chunk; waypoints: 1)."""
     out_dir: str = "outputs/refine/dagger"
@@ -399,6 +403,10 @@ def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, or
              scene_label: str | None = None, bar=None) -> float:
     """A few imitation steps on the aggregate (the locate loss on ``scene_label`` when given, else
     the action loss); returns the mean loss of the last 20 steps. ``bar``: a tqdm bar to advance."""
+    from robopolicy.train.trainer import _to_device, resolve_device
+
+    device = resolve_device(cfg.device)
+    policy.to(device)
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     policy.train()
@@ -412,6 +420,7 @@ def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, or
         batch = make_batch(picked, policy, scene_label)
         if n_orig:
             batch = _mix(batch, original, n_orig, rng)
+        batch = _to_device(batch, device)
         loss = policy.losses(batch, {"locate" if scene_label else "action": 1.0})["total"]
         opt.zero_grad()
         loss.backward()
@@ -422,6 +431,7 @@ def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, or
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     policy.eval()
+    policy.to("cpu")
     return float(np.mean(losses[-20:])) if losses else float("nan")
 
 
@@ -436,11 +446,13 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     from tqdm.auto import tqdm
 
     from robopolicy.refine.residual import load_any_policy
+    from robopolicy.train.trainer import resolve_device
 
     torch.manual_seed(cfg.seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     rng, prng = np.random.default_rng(cfg.seed), random.Random(cfg.seed)
+    device = resolve_device(cfg.device)  # a device that is not there stops the run before any rollout
     policy = policy or load_any_policy(cfg.base)
     trainee, scene_label = resolve_learner(policy, cfg.learner)
     waypoints = policy.horizon if policy.output == "waypoints" else None
@@ -449,15 +461,18 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     t0 = time.perf_counter()
     before = evaluate(policy, cfg, waypoints)
     curve.add(0, before.success, **before.metrics)
-    log(f"[dagger] before: success {before.success:.1%} {before.metrics}")
+    log(f"[dagger] before: success {before.success:.1%} {before.metrics}; fine-tuning on {device}")
     original = original_dataset(cfg, trainee, scene_label)
     data: list[dict] = []
     env_steps, counterfactual, dropped, flagged = 0, 0, 0, dict.fromkeys(WEIGHTED, 0)
+    seconds = dict.fromkeys(("rollout", "finetune", "eval"), 0.0)  # wall clock by phase, iterations only
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
         beta = cfg.beta0 * cfg.beta_decay**it
         bar.set_description(f"iteration {it}: rolling out")
+        t = time.perf_counter()
         frames = collect(policy, cfg, beta, rng, waypoints, scene_label)
+        seconds["rollout"] += time.perf_counter() - t
         env_steps += len(frames)
         counterfactual += sum(len(f["chunk"]) - 1 for f in frames if f.get("chunk") is not None)
         kept = [f for f in frames if keep(f, cfg.filter)]
@@ -468,9 +483,13 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         if cfg.max_states and len(data) > cfg.max_states:
             data = data[-cfg.max_states:]
         bar.set_description(f"iteration {it}: fine-tuning")
+        t = time.perf_counter()
         loss = finetune(trainee, data, cfg, prng, original, scene_label, bar) if data else float("nan")
+        seconds["finetune"] += time.perf_counter() - t
         bar.set_description(f"iteration {it}: evaluating")
+        t = time.perf_counter()
         res = evaluate(policy, cfg, waypoints)
+        seconds["eval"] += time.perf_counter() - t
         curve.add(env_steps, res.success, **res.metrics)
         if curve.is_best() and res.success > before.success:
             policy.save(out / "best")
@@ -479,7 +498,8 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
                                *(["hazard"] if cfg.hazard_prob > 0 else [])])
         rescued = f" ({', '.join(f'{sum(has_flag(x, f) for x in kept)} {f}' for f in marks)})" if marks else ""
         log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states{rescued}, aggregate "
-            f"{len(data)}, loss {loss:.4f}, success {res.success:.1%} {res.metrics}")
+            f"{len(data)}, loss {loss:.4f}, success {res.success:.1%} {res.metrics} (so far: rollouts "
+            f"{seconds['rollout']:.0f} s, fine-tuning {seconds['finetune']:.0f} s, evaluations {seconds['eval']:.0f} s)")
         bar.refresh()
     bar.close()
     policy.save(out / "final")
@@ -492,6 +512,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
                "aggregate_states": len(data),
                "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
                **curve.best_summary(above=before.success),
-               "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
+               "seconds": time.perf_counter() - t0, "seconds_by_phase": seconds, "device": str(device),
+               "checkpoint": str(out / "final")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
