@@ -369,3 +369,20 @@ def test_short_episodes_reset_for_any_seed(max_steps):
         _, info = env.reset(seed=seed)
         assert info["reference_steps"] >= 1
     env.close()
+
+
+def test_free_run_ahead_stops_at_the_first_obstacle_or_wall_on_the_heading():
+    from sim_envs.person_follow.geometry import CYLINDER, free_run
+
+    r, room = 0.25, 5.0
+    # open floor: the rim reaches the wall at x = 5 - r
+    assert free_run((0.0, 0.0, 0.0), r, np.zeros((0, 6)), room, max_range=8.0) == pytest.approx(room - r, abs=0.021)
+    assert free_run((0.0, 0.0, 0.0), r, np.zeros((0, 6)), room, max_range=2.0) == 2.0  # capped
+    # a cylinder of radius 0.5 at x = 2 ahead: the rim touches it after 2 - 0.5 - r
+    post = np.array([[2.0, 0.0, 0.0, 0.5, 0.5, CYLINDER]])
+    assert free_run((0.0, 0.0, 0.0), r, post, room, max_range=8.0) == pytest.approx(2.0 - 0.5 - r, abs=0.021)
+    # the same post to the side is not in the way; facing it from above it is
+    assert free_run((0.0, 1.0, 0.0), r, post, room, max_range=8.0) == pytest.approx(room - r, abs=0.021)
+    assert free_run((2.0, 2.0, -math.pi / 2), r, post, room, max_range=8.0) == pytest.approx(2.0 - 0.5 - r, abs=0.021)
+    # already touching: nothing left to drive
+    assert free_run((4.9, 0.0, 0.0), r, np.zeros((0, 6)), room, max_range=8.0) == 0.0

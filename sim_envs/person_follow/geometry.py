@@ -87,6 +87,18 @@ def to_robot_frame(pose: np.ndarray, points: np.ndarray) -> np.ndarray:
     return np.stack([c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1]], axis=-1)
 
 
+def free_run(pose: np.ndarray, radius: float, obstacles: np.ndarray, room_half: float, max_range: float,
+             step: float = 0.02) -> float:
+    """How far a round robot of ``radius`` at ``pose (x, y, yaw)`` can drive straight along its
+    heading before its rim touches an obstacle or wall, to within ``step`` (``max_range`` when
+    nothing is within that; 0 when it touches already)."""
+    pose = np.asarray(pose, dtype=np.float64)
+    t = np.arange(0.0, max_range + step, step)
+    pts = pose[:2] + t[:, None] * np.array([np.cos(pose[2]), np.sin(pose[2])])
+    hit = np.nonzero(clearance(pts, obstacles, room_half) < radius)[0]
+    return float(t[hit[0]]) if len(hit) else float(max_range)
+
+
 def bearing(pose: np.ndarray, point: np.ndarray) -> float:
     """Bearing (rad) of a world ``point`` from the heading of ``pose = (x, y, yaw)``: 0 ahead,
     positive to the left, ±pi behind."""
