@@ -179,14 +179,16 @@ def test_env_collision_and_truncation():
     assert info["episode_metrics"]["collision"] and not info["episode_metrics"]["success"]
     assert info["episode_metrics"]["person_collision"]  # the target: a person
     # drive straight at full speed until something is touched: the rim's clearance to obstacles and
-    # walls (info["robot_clearance"]) shrinks step by step to contact, where it is at most 0
+    # walls (info["robot_clearance"]) shrinks step by step to contact, where it is at most 0, and
+    # the free run ahead (info["free_run"]) by the 0.12 m driven each step, to 0
     env = PersonFollowEnv(camera=False, split="stt")
     for seed in range(20):
         obs, info = env.reset(seed=seed)
-        gaps = [info["robot_clearance"]]
+        gaps, runs = [info["robot_clearance"]], [info["free_run"]]
         for _ in range(200):
             obs, _, term, trunc, info = env.step(np.array([1.2, 0.0]))
             gaps.append(info["robot_clearance"])
+            runs.append(info["free_run"])
             if term or trunc:
                 break
         if term and info["metrics"]["collision"] and info["metrics"]["min_person_distance"] >= 0.5:
@@ -194,6 +196,9 @@ def test_env_collision_and_truncation():
     else:
         pytest.fail("no seed drove into an obstacle or wall")
     assert gaps[0] > 0 and gaps[-1] <= 1e-6 and np.all(np.diff(gaps[-5:]) < 0)
+    closing = np.diff(runs)[np.array(runs[1:]) < 2.5]  # the steps within sight of the contact
+    assert len(closing) >= 5 and runs[-1] <= 0.021 and max(runs) <= 3.0
+    np.testing.assert_allclose(closing[:-1], -0.12, atol=0.03)
     assert info["episode_metrics"]["collision"] and not info["episode_metrics"]["person_collision"]
 
 

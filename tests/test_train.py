@@ -27,7 +27,8 @@ COLORS = {"red": (230, 30, 30), "blue": (30, 30, 230)}
 
 def make_dataset(root: Path, episodes: int = 4, length: int = 24) -> Path:
     """Two coloured squares; the instruction names one (the target). Labels follow the target:
-    its box, waypoints toward its centre, and a 2-D action = its normalized centre."""
+    its box, waypoints toward its centre, and a 2-D action = its normalized centre; the free run
+    ahead is 3 m less the red square's height in the image (a spatial label of the picture)."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     features = {
@@ -37,6 +38,7 @@ def make_dataset(root: Path, episodes: int = 4, length: int = 24) -> Path:
         "oracle.waypoints": {"dtype": "float32", "shape": (8, 3), "names": None},
         "label.target_box": {"dtype": "float32", "shape": (4,), "names": None},
         "label.target_visible": {"dtype": "bool", "shape": (1,), "names": None},
+        "label.free_run": {"dtype": "float32", "shape": (1,), "names": None},
     }
     ds = LeRobotDataset.create(repo_id="local/test", fps=10, features=features, root=root, use_videos=True,
                                vcodec="h264")
@@ -63,6 +65,7 @@ def make_dataset(root: Path, episodes: int = 4, length: int = 24) -> Path:
                 "oracle.waypoints": wp,
                 "label.target_box": boxes[target],
                 "label.target_visible": np.array([True]),
+                "label.free_run": np.array([3.0 * (1.0 - boxes["red"][3] / IMG)], np.float32),
                 "task": f"follow the {target} square.",
             })
         ds.save_episode()
@@ -209,12 +212,14 @@ def test_staged_recipe_carries_weights_between_stages(dataset, caches, tmp_path)
     align = _losses(s1.out, "loss/align")
     assert align[-1] < align[0], align
     logs = []
-    s2 = train(config(dataset, caches, tmp_path / "s2", *common, "model.aux_heads=[align, ground]", "loss.action=0",
-                      "loss.align=0.1", "loss.ground_box=1", "loss.ground_visible=0.5", "steps=30",
-                      f"init_from={s1.final}"), log=logs.append)
+    s2 = train(config(dataset, caches, tmp_path / "s2", *common, "model.aux_heads=[align, ground, free_run]",
+                      "loss.action=0", "loss.align=0.1", "loss.ground_box=1", "loss.ground_visible=0.5",
+                      "loss.ground_free_run=1", "steps=30", f"init_from={s1.final}"), log=logs.append)
     assert any("init from" in line for line in logs)
     box = _losses(s2.out, "loss/ground_box")
     assert box[-1] < box[0], box
+    free = _losses(s2.out, "loss/ground_free_run")
+    assert free[-1] < 0.5 * free[0], free
     # what stage 2 started from: every backbone / projection tensor of stage 1, fresh grounding head
     stage1 = Policy.load(s1.final)
     start = Policy(Policy.load(s2.final).config, stage1.stats())
@@ -224,7 +229,7 @@ def test_staged_recipe_carries_weights_between_stages(dataset, caches, tmp_path)
         assert name in info["loaded"] and torch.equal(start.state_dict()[name], stage1.state_dict()[name])
     s3 = train(config(dataset, caches, tmp_path / "s3", *common, "steps=5", f"init_from={s2.final}"),
                log=lambda s: None)
-    assert "ground" not in Policy.load(s3.final).aux
+    assert "ground" not in Policy.load(s3.final).aux and "free_run" not in Policy.load(s3.final).aux
     with pytest.raises(PolicyError, match="model.d_model"):
         train(config(dataset, caches, tmp_path / "s4", *common, "model.d_model=64", "steps=2",
                      f"init_from={s2.final}"), log=lambda s: None)
@@ -239,6 +244,8 @@ def test_bad_inputs_name_the_problem(dataset, caches, tmp_path):
         train(config(dataset, caches, tmp_path / "c", "model.head=waypoints", "steps=2"), log=lambda s: None)
     with pytest.raises(PolicyError, match="align"):
         train(config(dataset, caches, tmp_path / "d", "loss.align=1", "steps=2"), log=lambda s: None)
+    with pytest.raises(PolicyError, match="aux_heads to contain 'free_run'"):
+        train(config(dataset, caches, tmp_path / "e", "loss.ground_free_run=1", "steps=2"), log=lambda s: None)
 
 
 def test_train_command(dataset, caches, tmp_path, capsys):

@@ -116,6 +116,8 @@ def oracle_frame(features: dict, obs: dict, info: dict, decision: Any, reward: f
         frame[F.TARGET_BOX] = info["target_box"]
     if F.TARGET_VISIBLE in features:
         frame[F.TARGET_VISIBLE] = bool(info["target_visible"])
+    if F.FREE_RUN in features:
+        frame[F.FREE_RUN] = [float(info["free_run"])]
     if F.GOAL_POS in features:
         frame[F.GOAL_POS] = info["goal_pos"]
     for key in (F.GOAL_REL, F.GOAL_GRIP):

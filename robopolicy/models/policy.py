@@ -45,7 +45,7 @@ from robopolicy.config import ConfigError, build, load_yaml, to_dict
 from robopolicy.data.features import ENV_STATE
 from robopolicy.models.backbone import FusionTransformer
 from robopolicy.models.encoders import EncoderConfig, EncoderError, FusedVisionEncoder
-from robopolicy.models.heads import (AlignHead, ChunkL1Head, FlowChunkHead, GroundingHead, LocateHead, LocateMLP,
+from robopolicy.models.heads import (AlignHead, ChunkL1Head, FlowChunkHead, FreeRunHead, GroundingHead, LocateHead, LocateMLP,
                                      WaypointHead)
 from robopolicy.models.language import LanguageConfig, LanguageEncoder
 from robopolicy.models.temporal import ContextTokens, FeatureRingBuffer
@@ -57,7 +57,8 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FORMAT = 1
 STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99")
-AUX_HEADS = ("align", "ground", "locate")
+AUX_HEADS = ("align", "ground", "free_run", "locate")
+FREE_RUN_LABEL = "label.free_run"
 LOCATE_LABEL = "label.goal_pos"
 # Config keys that decide the shapes of shared modules: a stage may change the rest. The context
 # strides are not among them: a stage may widen the temporal context (its time embeddings start
@@ -77,6 +78,7 @@ class PolicyConfig:
     """Output head: K waypoints (tracking), or an action chunk by L1 or flow matching."""
     aux_heads: list[str] = field(default_factory=list)
     """Training-only heads: ``align`` (stage 1 contrastive), ``ground`` (stage 2 grounding),
+    ``free_run`` (stage 2 spatial grounding: how far ahead the robot can drive, ``label.free_run``),
     ``locate`` (regress the privileged ``label.goal_pos``: where the named objects are)."""
     locate_dim: int = 6
     """Size of the ``locate`` head's label (``label.goal_pos``: 6)."""
@@ -282,6 +284,8 @@ class Policy(nn.Module):
             self.aux["align"] = AlignHead(d)
         if "ground" in cfg.aux_heads:
             self.aux["ground"] = GroundingHead(d, cfg.n_heads, cfg.dropout)
+        if "free_run" in cfg.aux_heads:
+            self.aux["free_run"] = FreeRunHead(d, cfg.n_heads, cfg.dropout)
         if "locate" in cfg.aux_heads:
             label_stats = (stats or {}).get(cfg.locate_label, {})  # none when loading: the buffers hold them
             if stats is not None and not label_stats:
@@ -416,13 +420,14 @@ class Policy(nn.Module):
 
     # ------------------------------------------------------------------ training
     def losses(self, batch: Mapping[str, Any], weights: Mapping[str, float]) -> dict[str, torch.Tensor]:
-        """Named losses for a loader batch; ``weights`` (action, align, ground_box, ground_visible)
-        chooses which are computed. ``total`` is their weighted sum.
+        """Named losses for a loader batch; ``weights`` (action, align, ground_box, ground_visible,
+        ground_free_run, locate) chooses which are computed. ``total`` is their weighted sum.
 
         Batch: ``features (B, T, V, n, C)`` or ``observation.images.<role> (B, T, 3, H, W)``,
         ``observation_is_pad (B, T)``, ``observation.state (B, T, D)``, ``task`` list of B str,
         ``action (B, H, A)`` or waypoints ``(B, 1, K, 3)``, ``action_is_pad (B, H)``;
-        for align / ground: ``label.target_box (B, 4)`` pixels, ``label.target_visible (B,)``.
+        for align / ground: ``label.target_box (B, 4)`` pixels, ``label.target_visible (B,)``;
+        for ground_free_run: ``label.free_run (B, 1)`` metres.
         """
         feats = self._context_features(batch)
         ctx_pad = batch.get("observation_is_pad")
@@ -434,7 +439,8 @@ class Policy(nn.Module):
         out: dict[str, torch.Tensor] = {}
         w = {k: float(v) for k, v in weights.items() if float(v) != 0.0}
         mlp_locate = self.config.locate_head == "mlp"
-        need_memory = any(k in w for k in ("action", "ground_box", "ground_visible")) or ("locate" in w and not mlp_locate)
+        need_memory = (any(k in w for k in ("action", "ground_box", "ground_visible", "ground_free_run"))
+                       or ("locate" in w and not mlp_locate))
         if need_memory:
             memory, pad, _ = self._memory(feats, ctx_pad, state, tasks, env_state=env_state)
         if "action" in w:
@@ -451,6 +457,13 @@ class Policy(nn.Module):
             box, visible = self._box_labels(batch)
             g = self.aux["ground"].loss(memory, pad, box, visible)
             out["ground_box"], out["ground_visible"] = g["box"], g["visible"]
+        if "ground_free_run" in w:
+            if "free_run" not in self.aux:
+                raise PolicyError("the ground_free_run loss needs model.aux_heads to contain 'free_run'")
+            if FREE_RUN_LABEL not in batch:
+                raise PolicyError(f"the ground_free_run loss needs the label {FREE_RUN_LABEL!r} in the batch (a "
+                                  f"PersonFollow dataset collected with it carries it)")
+            out["ground_free_run"] = self.aux["free_run"].loss(memory, pad, batch[FREE_RUN_LABEL].reshape(-1))
         if "locate" in w:
             if "locate" not in self.aux:
                 raise PolicyError("locate loss needs model.aux_heads to contain 'locate'")

@@ -9,6 +9,7 @@ config, loss weights and an optional ``init_from`` (the previous stage's checkpo
 - ``action``: the head's imitation loss (L1 waypoints / L1 chunk / flow matching).
 - ``align``: stage 1, InfoNCE between the target's image region and the instruction.
 - ``ground_box``, ``ground_visible``: stage 2, where the instructed person is and whether visible.
+- ``ground_free_run``: stage 2 (optional), how far ahead the robot can drive (``label.free_run``).
 - ``locate``: auxiliary, where the named objects are (``label.goal_pos`` of the arm tasks).
 
 Loop: AdamW (no decay on norms, biases and embeddings), linear warm-up then cosine decay, gradient
@@ -52,7 +53,7 @@ from robopolicy.models.feature_cache import ensure_features
 from robopolicy.models.modular import ModularPolicy
 from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError
 
-BOX_LABEL, VISIBLE_LABEL = "label.target_box", "label.target_visible"
+BOX_LABEL, VISIBLE_LABEL, FREE_RUN_LABEL = "label.target_box", "label.target_visible", "label.free_run"
 STATE_FILE = "trainer_state.pt"
 
 
@@ -112,6 +113,8 @@ class LossWeights:
     align: float = 0.0
     ground_box: float = 0.0
     ground_visible: float = 0.0
+    ground_free_run: float = 0.0
+    """Spatial grounding: regress ``label.free_run`` (model.aux_heads: [free_run])."""
     locate: float = 0.0
     """Auxiliary: regress ``label.goal_pos`` (where the named objects are; model.aux_heads: [locate])."""
 
@@ -212,6 +215,8 @@ def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
     labels = list(f.labels)
     if cfg.loss.align or cfg.loss.ground_box or cfg.loss.ground_visible:
         labels += [k for k in (BOX_LABEL, VISIBLE_LABEL) if k not in labels]
+    if cfg.loss.ground_free_run and FREE_RUN_LABEL not in labels:
+        labels.append(FREE_RUN_LABEL)
     if cfg.loss.locate and cfg.model.locate_label not in labels:
         labels.append(cfg.model.locate_label)
     if f.env_state and f.env_state not in labels:

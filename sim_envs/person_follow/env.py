@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 from sim_envs.core import check_action, check_choice, check_options
 from sim_envs.person_follow import metrics as M
-from sim_envs.person_follow.geometry import bearing, clearance, nearest_hazard, wrap_angle
+from sim_envs.person_follow.geometry import bearing, clearance, free_run, nearest_hazard, wrap_angle
 from sim_envs.person_follow.people import INSTRUCTION_CHARSET, SHIRT_COLORS, TROUSER_COLORS
 from sim_envs.person_follow.scenario import Scenario, generate_scenario
 from sim_envs.person_follow.scene import (
@@ -41,6 +41,7 @@ from sim_envs.person_follow.scene import (
 SPLITS = ("stt", "dt", "at")
 CONTROL_HZ = 10
 DT = 1.0 / CONTROL_HZ
+FREE_RUN_RANGE = 3.0  # m: info["free_run"] saturates here (a 96 px camera tells 3 m from 8 m poorly)
 YIELD_ROBOT = 0.95  # a person waits rather than step within this distance of the robot
 YIELD_PERSON = 0.7  # ... or of a higher-priority person (the target has top priority)
 _GEOM_TYPES = {"sphere": mujoco.mjtGeom.mjGEOM_SPHERE, "capsule": mujoco.mjtGeom.mjGEOM_CAPSULE, "cylinder": mujoco.mjtGeom.mjGEOM_CYLINDER}
@@ -572,6 +573,10 @@ class PersonFollowEnv(gymnasium.Env):
             # the gap between the robot's rim and the nearest obstacle or wall (m; < 0: touching)
             "robot_clearance": float(clearance(self._robot[:2].astype(np.float64), self._obstacles_active, ROOM_HALF))
             - ROBOT_RADIUS,
+            # how far the robot could drive straight ahead before touching an obstacle or wall
+            # (m, capped at FREE_RUN_RANGE): the privileged label of the spatial grounding loss
+            "free_run": free_run(self._robot.astype(np.float64), ROBOT_RADIUS, self._obstacles_active, ROOM_HALF,
+                                 FREE_RUN_RANGE),
             "reference_steps": self._reference_steps,
             "metrics": sm,
             "is_success": bool(sm["success"]),
