@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robopolicy.config import ConfigError, build, load_yaml, to_dict
-from robopolicy.data.features import ENV_STATE
+from robopolicy.data.features import ENV_STATE, FREE_RUN
 from robopolicy.models.backbone import FusionTransformer
 from robopolicy.models.encoders import EncoderConfig, EncoderError, FusedVisionEncoder
 from robopolicy.models.heads import (AlignHead, ChunkL1Head, FlowChunkHead, FreeRunHead, GroundingHead, LocateHead, LocateMLP,
@@ -58,7 +58,6 @@ CONFIG_FILE = "config.yaml"
 CHECKPOINT_FORMAT = 1
 STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99")
 AUX_HEADS = ("align", "ground", "free_run", "locate")
-FREE_RUN_LABEL = "label.free_run"
 LOCATE_LABEL = "label.goal_pos"
 # Config keys that decide the shapes of shared modules: a stage may change the rest. The context
 # strides are not among them: a stage may widen the temporal context (its time embeddings start
@@ -460,10 +459,10 @@ class Policy(nn.Module):
         if "ground_free_run" in w:
             if "free_run" not in self.aux:
                 raise PolicyError("the ground_free_run loss needs model.aux_heads to contain 'free_run'")
-            if FREE_RUN_LABEL not in batch:
-                raise PolicyError(f"the ground_free_run loss needs the label {FREE_RUN_LABEL!r} in the batch (a "
+            if FREE_RUN not in batch:
+                raise PolicyError(f"the ground_free_run loss needs the label {FREE_RUN!r} in the batch (a "
                                   f"PersonFollow dataset collected with it carries it)")
-            out["ground_free_run"] = self.aux["free_run"].loss(memory, pad, batch[FREE_RUN_LABEL].reshape(-1))
+            out["ground_free_run"] = self.aux["free_run"].loss(memory, pad, batch[FREE_RUN].reshape(-1))
         if "locate" in w:
             if "locate" not in self.aux:
                 raise PolicyError("locate loss needs model.aux_heads to contain 'locate'")

@@ -48,12 +48,13 @@ import numpy as np
 import torch
 
 from robopolicy.config import ConfigError, to_dict
+from robopolicy.data.features import FREE_RUN
 from robopolicy.data.loader import FeatureMap, TrainingDataset
 from robopolicy.models.feature_cache import ensure_features
 from robopolicy.models.modular import ModularPolicy
 from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError
 
-BOX_LABEL, VISIBLE_LABEL, FREE_RUN_LABEL = "label.target_box", "label.target_visible", "label.free_run"
+BOX_LABEL, VISIBLE_LABEL = "label.target_box", "label.target_visible"
 STATE_FILE = "trainer_state.pt"
 
 
@@ -215,8 +216,8 @@ def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
     labels = list(f.labels)
     if cfg.loss.align or cfg.loss.ground_box or cfg.loss.ground_visible:
         labels += [k for k in (BOX_LABEL, VISIBLE_LABEL) if k not in labels]
-    if cfg.loss.ground_free_run and FREE_RUN_LABEL not in labels:
-        labels.append(FREE_RUN_LABEL)
+    if cfg.loss.ground_free_run and FREE_RUN not in labels:
+        labels.append(FREE_RUN)
     if cfg.loss.locate and cfg.model.locate_label not in labels:
         labels.append(cfg.model.locate_label)
     if f.env_state and f.env_state not in labels:
