@@ -28,7 +28,7 @@ COLORS = {"red": (230, 30, 30), "blue": (30, 30, 230)}
 def make_dataset(root: Path, episodes: int = 4, length: int = 24) -> Path:
     """Two coloured squares; the instruction names one (the target). Labels follow the target:
     its box, waypoints toward its centre, and a 2-D action = its normalized centre; the free run
-    ahead is 3 m less the red square's height in the image (a spatial label of the picture)."""
+    along 9 rays grows with the red square's height in the image (a spatial label of the picture)."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     features = {
@@ -38,7 +38,7 @@ def make_dataset(root: Path, episodes: int = 4, length: int = 24) -> Path:
         "oracle.waypoints": {"dtype": "float32", "shape": (8, 3), "names": None},
         "label.target_box": {"dtype": "float32", "shape": (4,), "names": None},
         "label.target_visible": {"dtype": "bool", "shape": (1,), "names": None},
-        "label.free_run": {"dtype": "float32", "shape": (1,), "names": None},
+        "label.free_run": {"dtype": "float32", "shape": (9,), "names": None},
     }
     ds = LeRobotDataset.create(repo_id="local/test", fps=10, features=features, root=root, use_videos=True,
                                vcodec="h264")
@@ -65,7 +65,7 @@ def make_dataset(root: Path, episodes: int = 4, length: int = 24) -> Path:
                 "oracle.waypoints": wp,
                 "label.target_box": boxes[target],
                 "label.target_visible": np.array([True]),
-                "label.free_run": np.array([3.0 * (1.0 - boxes["red"][3] / IMG)], np.float32),
+                "label.free_run": (3.0 * (1.0 - boxes["red"][3] / IMG) + np.linspace(0, 1, 9)).astype(np.float32),
                 "task": f"follow the {target} square.",
             })
         ds.save_episode()
@@ -219,7 +219,7 @@ def test_staged_recipe_carries_weights_between_stages(dataset, caches, tmp_path)
     box = _losses(s2.out, "loss/ground_box")
     assert box[-1] < box[0], box
     free = _losses(s2.out, "loss/ground_free_run")
-    assert free[-1] < 0.5 * free[0], free
+    assert free[-1] < 0.7 * free[0], free
     # what stage 2 started from: every backbone / projection tensor of stage 1, fresh grounding head
     stage1 = Policy.load(s1.final)
     start = Policy(Policy.load(s2.final).config, stage1.stats())

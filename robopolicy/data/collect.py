@@ -117,7 +117,7 @@ def oracle_frame(features: dict, obs: dict, info: dict, decision: Any, reward: f
     if F.TARGET_VISIBLE in features:
         frame[F.TARGET_VISIBLE] = bool(info["target_visible"])
     if F.FREE_RUN in features:
-        frame[F.FREE_RUN] = [float(info["free_run"])]
+        frame[F.FREE_RUN] = info["free_run"]
     if F.GOAL_POS in features:
         frame[F.GOAL_POS] = info["goal_pos"]
     for key in (F.GOAL_REL, F.GOAL_GRIP):
@@ -139,12 +139,16 @@ def record_oracle_episode(env: Any, staged: StagedEpisode, seed: int, noise: flo
     obs, info = env.reset(seed=seed)
     oracle.reset(obs, info)
     task = str(obs.get(F.TASK, ""))
+    base = getattr(env, "unwrapped", env)
+    free_run = base.free_run_label if F.FREE_RUN in staged.features else None  # computed per frame on request
     steps, success = 0, False
     while True:
         decision = oracle.act(obs, info)
         next_obs, reward, terminated, truncated, next_info = env.step(decision.action)
         success = bool(next_info.get("is_success", False))
         done = bool(terminated or truncated)
+        if free_run is not None:
+            info = {**info, "free_run": free_run(info)}
         staged.add_frame(oracle_frame(staged.features, obs, info, decision, reward, done, success), task)
         steps += 1
         if on_frame is not None:

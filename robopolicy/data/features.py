@@ -38,7 +38,7 @@ ORACLE_ACTION = "oracle.action"  # clean oracle label, same shape as action (DAR
 ORACLE_WAYPOINTS = "oracle.waypoints"  # (K, 3) robot-frame (x, y, yaw) targets, tracking tasks
 TARGET_BOX = "label.target_box"  # (4,) float32 box of the target person in the front image
 TARGET_VISIBLE = "label.target_visible"  # bool (1,)
-FREE_RUN = "label.free_run"  # (1,) float32 tracking: how far the robot could drive straight ahead before touching an obstacle or wall (m, capped)
+FREE_RUN = "label.free_run"  # (9,) float32 tracking: how far the robot could drive along 9 bearings across the camera's view before touching an obstacle or wall (m, capped)
 GOAL_POS = "label.goal_pos"  # (6,) float32 arm tasks: the named object's and target's xyz (world, m)
 GOAL_REL = "label.goal_rel"  # (6,) float32 arm tasks: the same two points minus the tool-centre point (m)
 GOAL_GRIP = "label.goal_grip"  # (6,) float32 arm tasks: the object minus the tool-centre point, the target's xyz
@@ -145,7 +145,7 @@ def env_features(env: Any, use_videos: bool = True) -> dict[str, dict[str, Any]]
     if labels is None:
         labels = {}
         if "PersonFollow" in type(base).__name__:
-            labels = {ORACLE_WAYPOINTS: (8, 3), TARGET_BOX: (4,), TARGET_VISIBLE: (1,), FREE_RUN: (1,)}
+            labels = {ORACLE_WAYPOINTS: (8, 3), TARGET_BOX: (4,), TARGET_VISIBLE: (1,), FREE_RUN: (9,)}  # 9: the env's FREE_RUN_RAYS
     return dataset_features(env.observation_space, env.action_space, labels, use_videos=use_videos)
 
 

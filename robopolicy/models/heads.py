@@ -157,21 +157,21 @@ class GroundingHead(nn.Module):
 
 
 class FreeRunHead(nn.Module):
-    """How far the robot can drive straight ahead before it touches an obstacle or wall (spatial
-    grounding, privileged label ``label.free_run`` in metres): ``(B, N, d)`` → ``(B,)`` metres.
-    Its loss trains the backbone (and a trainable encoder) to represent the free space in front
-    of the robot, which the person-finding stages do not ask for."""
+    """How far the robot could drive along R bearings across its camera's view before it touches
+    an obstacle or wall (spatial grounding, the privileged ``label.free_run``, metres):
+    ``(B, N, d)`` → ``(B, R)`` metres. Its loss trains the backbone (and a trainable encoder) to
+    represent the free space in front of the robot, which the person-finding losses do not ask for."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.1):
+    def __init__(self, d_model: int, n_heads: int, rays: int, dropout: float = 0.1):
         super().__init__()
         self.decoder = QueryDecoder(1, d_model, n_heads, 1, dropout)
-        self.out = nn.Linear(d_model, 1)
+        self.out = nn.Linear(d_model, rays)
 
     def forward(self, memory, memory_pad=None) -> torch.Tensor:
-        return self.out(self.decoder(memory, memory_pad)[:, 0]).squeeze(-1)
+        return self.out(self.decoder(memory, memory_pad)[:, 0])
 
     def loss(self, memory, memory_pad, free_run: torch.Tensor) -> torch.Tensor:
-        """Smooth L1 (metres) to ``free_run (B,)``."""
+        """Smooth L1 (metres) to ``free_run (B, R)``, averaged over the rays."""
         return F.smooth_l1_loss(self(memory, memory_pad), free_run.float())
 
 

@@ -79,6 +79,8 @@ class PolicyConfig:
     """Training-only heads: ``align`` (stage 1 contrastive), ``ground`` (stage 2 grounding),
     ``free_run`` (stage 2 spatial grounding: how far ahead the robot can drive, ``label.free_run``),
     ``locate`` (regress the privileged ``label.goal_pos``: where the named objects are)."""
+    free_run_dim: int = 9
+    """Rays of the ``free_run`` head's label (``label.free_run`` of PersonFollow: 9)."""
     locate_dim: int = 6
     """Size of the ``locate`` head's label (``label.goal_pos``: 6)."""
     locate_label: str = LOCATE_LABEL
@@ -284,7 +286,7 @@ class Policy(nn.Module):
         if "ground" in cfg.aux_heads:
             self.aux["ground"] = GroundingHead(d, cfg.n_heads, cfg.dropout)
         if "free_run" in cfg.aux_heads:
-            self.aux["free_run"] = FreeRunHead(d, cfg.n_heads, cfg.dropout)
+            self.aux["free_run"] = FreeRunHead(d, cfg.n_heads, cfg.free_run_dim, cfg.dropout)
         if "locate" in cfg.aux_heads:
             label_stats = (stats or {}).get(cfg.locate_label, {})  # none when loading: the buffers hold them
             if stats is not None and not label_stats:
@@ -426,7 +428,7 @@ class Policy(nn.Module):
         ``observation_is_pad (B, T)``, ``observation.state (B, T, D)``, ``task`` list of B str,
         ``action (B, H, A)`` or waypoints ``(B, 1, K, 3)``, ``action_is_pad (B, H)``;
         for align / ground: ``label.target_box (B, 4)`` pixels, ``label.target_visible (B,)``;
-        for ground_free_run: ``label.free_run (B, 1)`` metres.
+        for ground_free_run: ``label.free_run (B, free_run_dim)`` metres.
         """
         feats = self._context_features(batch)
         ctx_pad = batch.get("observation_is_pad")
@@ -462,7 +464,8 @@ class Policy(nn.Module):
             if FREE_RUN not in batch:
                 raise PolicyError(f"the ground_free_run loss needs the label {FREE_RUN!r} in the batch (a "
                                   f"PersonFollow dataset collected with it carries it)")
-            out["ground_free_run"] = self.aux["free_run"].loss(memory, pad, batch[FREE_RUN].reshape(-1))
+            out["ground_free_run"] = self.aux["free_run"].loss(memory, pad,
+                                                               batch[FREE_RUN].reshape(-1, self.config.free_run_dim))
         if "locate" in w:
             if "locate" not in self.aux:
                 raise PolicyError("locate loss needs model.aux_heads to contain 'locate'")

@@ -88,15 +88,18 @@ def to_robot_frame(pose: np.ndarray, points: np.ndarray) -> np.ndarray:
 
 
 def free_run(pose: np.ndarray, radius: float, obstacles: np.ndarray, room_half: float, max_range: float,
-             step: float = 0.02) -> float:
-    """How far a round robot of ``radius`` at ``pose (x, y, yaw)`` can drive straight along its
-    heading before its rim touches an obstacle or wall, to within ``step`` (``max_range`` when
-    nothing is within that; 0 when it touches already)."""
+             bearings=(0.0,), step: float = 0.02) -> np.ndarray:
+    """How far a round robot of ``radius`` at ``pose (x, y, yaw)`` could drive in a straight line
+    at each of ``bearings`` (rad from its heading, positive to the left) before its rim touches an
+    obstacle or wall, to within ``step``: ``(len(bearings),)`` metres (``max_range`` where nothing
+    is within that; 0 where it touches already). People are not obstacles here."""
     pose = np.asarray(pose, dtype=np.float64)
+    ang = pose[2] + np.asarray(bearings, dtype=np.float64)
     t = np.arange(0.0, max_range + step, step)
-    pts = pose[:2] + t[:, None] * np.array([np.cos(pose[2]), np.sin(pose[2])])
-    hit = np.nonzero(clearance(pts, obstacles, room_half) < radius)[0]
-    return float(t[hit[0]]) if len(hit) else float(max_range)
+    pts = pose[:2] + t[None, :, None] * np.stack([np.cos(ang), np.sin(ang)], axis=-1)[:, None, :]  # (R, T, 2)
+    blocked = clearance(pts, obstacles, room_half) < radius
+    first = np.where(blocked.any(axis=1), blocked.argmax(axis=1), -1)
+    return np.where(first >= 0, t[np.maximum(first, 0)], max_range).astype(np.float64)
 
 
 def bearing(pose: np.ndarray, point: np.ndarray) -> float:
