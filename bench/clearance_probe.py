@@ -61,6 +61,10 @@ class ClearanceProbeConfig:
     near: float = 1.0
     """m: the "something close ahead" threshold of the balanced accuracy."""
     threads: int = 2
+    train_encoder: bool = True
+    """Also train a copy of the encoder (from the policy's weights) with an MLP on the free run ahead:
+    what the frames hold for an encoder trained to see it."""
+    encoder_epochs: int = 6
 
 
 def collect(cfg: ClearanceProbeConfig, first: int, n: int):
@@ -85,7 +89,7 @@ def collect(cfg: ClearanceProbeConfig, first: int, n: int):
         while not (term or trunc):
             obstacles = np.asarray(info["obstacles"])[np.asarray(info["obstacle_mask"], dtype=bool)]
             frames.append(obs["observation.images.front"])
-            run.append(free_run(info["robot_pose"], ROBOT_RADIUS, obstacles, float(info["room_half_extent"]), cfg.max_range))
+            run.append(free_run(info["robot_pose"], ROBOT_RADIUS, obstacles, float(info["room_half_extent"]), cfg.max_range)[0])
             rim.append(min(float(info["robot_clearance"]), cfg.max_range))
             episode.append(e)
             if push == 0 and info["robot_clearance"] < cfg.hazard_range and rng.random() < cfg.hazard_prob:
@@ -157,6 +161,51 @@ def mlp_probe(x_tr, y_tr, ep_tr, x_te, epochs: int = 60, seed: int = 0) -> np.nd
         return net(xe).squeeze(1).numpy()
 
 
+def trained_encoder_probe(vision, frames_tr, y_tr, ep_tr, frames_te, epochs: int, seed: int = 0) -> np.ndarray:
+    """Test predictions of a copy of ``vision`` made trainable, with an MLP on its flattened tokens,
+    trained on all but the last third of the training episodes, taken at its best epoch there."""
+    import copy
+
+    from tqdm import tqdm
+
+    torch.manual_seed(seed)
+    enc = copy.deepcopy(vision)
+    for e in getattr(enc, "encoders", [enc]):
+        e.cfg.frozen = False
+    enc.requires_grad_(True)
+    with torch.no_grad():
+        d = enc(torch.from_numpy(frames_tr[:2]).permute(0, 3, 1, 2).contiguous()).flatten(1).shape[1]
+    head = torch.nn.Sequential(torch.nn.Linear(d, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    opt = torch.optim.Adam([*enc.parameters(), *head.parameters()], lr=3e-4)
+    cut = np.quantile(np.unique(ep_tr), 2 / 3)
+    fit, val = np.nonzero(ep_tr <= cut)[0], np.nonzero(ep_tr > cut)[0]
+    y = torch.as_tensor(y_tr, dtype=torch.float32)
+
+    def predict(frames: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+        enc.eval()
+        head.eval()
+        with torch.no_grad():
+            return torch.cat([head(enc(torch.from_numpy(frames[b]).permute(0, 3, 1, 2).contiguous()).flatten(1)).squeeze(1)
+                              for b in np.array_split(rows, max(1, len(rows) // 256))])
+
+    best, state = float("inf"), None
+    for _ in tqdm(range(epochs), desc="training an encoder copy", unit="epoch"):
+        enc.train()
+        head.train()
+        for b in np.array_split(np.random.default_rng(seed + _).permutation(fit), max(1, len(fit) // 64)):
+            pred = head(enc(torch.from_numpy(frames_tr[b]).permute(0, 3, 1, 2).contiguous()).flatten(1)).squeeze(1)
+            loss = F.mse_loss(pred, y[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        v = F.mse_loss(predict(frames_tr, val), y[val]).item()
+        if v < best:
+            best, state = v, copy.deepcopy((enc.state_dict(), head.state_dict()))
+    enc.load_state_dict(state[0])
+    head.load_state_dict(state[1])
+    return predict(frames_te, np.arange(len(frames_te))).numpy()
+
+
 def scores(pred: np.ndarray, y: np.ndarray, near: float) -> tuple[float, float, float]:
     """R², mean absolute error, balanced accuracy of ``y < near`` read as ``pred < near``."""
     r2 = 1.0 - float(np.sum((pred - y) ** 2) / np.sum((y - y.mean()) ** 2))
@@ -206,6 +255,10 @@ def main(argv: list[str]) -> int:
             r = scores(fit(x_tr, tr[1], tr[3], x_te), te[1], cfg.near)
             c = scores(fit(x_tr, tr[2], tr[3], x_te), te[2], cfg.near)
             print(f"| {name} | {kind} | {r[0]:.3f} | {r[1]:.3f} | {r[2]:.1%} | {c[0]:.3f} | {c[1]:.3f} |", flush=True)
+    if cfg.train_encoder:
+        r = scores(trained_encoder_probe(policy.vision, tr[0], tr[1], tr[3], te[0], cfg.encoder_epochs), te[1], cfg.near)
+        print(f"| the encoder, trained on the free run ({cfg.encoder_epochs} epochs) | MLP | {r[0]:.3f} | {r[1]:.3f} | "
+              f"{r[2]:.1%} | — | — |", flush=True)
     return 0
 
 

@@ -386,13 +386,17 @@ def test_free_run_ahead_stops_at_the_first_obstacle_or_wall_on_the_heading():
 
     r, room = 0.25, 5.0
     # open floor: the rim reaches the wall at x = 5 - r
-    assert free_run((0.0, 0.0, 0.0), r, np.zeros((0, 6)), room, max_range=8.0) == pytest.approx(room - r, abs=0.021)
-    assert free_run((0.0, 0.0, 0.0), r, np.zeros((0, 6)), room, max_range=2.0) == 2.0  # capped
+    assert free_run((0.0, 0.0, 0.0), r, np.zeros((0, 6)), room, max_range=8.0)[0] == pytest.approx(room - r, abs=0.021)
+    assert free_run((0.0, 0.0, 0.0), r, np.zeros((0, 6)), room, max_range=2.0)[0] == 2.0  # capped
     # a cylinder of radius 0.5 at x = 2 ahead: the rim touches it after 2 - 0.5 - r
     post = np.array([[2.0, 0.0, 0.0, 0.5, 0.5, CYLINDER]])
-    assert free_run((0.0, 0.0, 0.0), r, post, room, max_range=8.0) == pytest.approx(2.0 - 0.5 - r, abs=0.021)
+    assert free_run((0.0, 0.0, 0.0), r, post, room, max_range=8.0)[0] == pytest.approx(2.0 - 0.5 - r, abs=0.021)
     # the same post to the side is not in the way; facing it from above it is
-    assert free_run((0.0, 1.0, 0.0), r, post, room, max_range=8.0) == pytest.approx(room - r, abs=0.021)
-    assert free_run((2.0, 2.0, -math.pi / 2), r, post, room, max_range=8.0) == pytest.approx(2.0 - 0.5 - r, abs=0.021)
+    assert free_run((0.0, 1.0, 0.0), r, post, room, max_range=8.0)[0] == pytest.approx(room - r, abs=0.021)
+    assert free_run((2.0, 2.0, -math.pi / 2), r, post, room, max_range=8.0)[0] == pytest.approx(2.0 - 0.5 - r, abs=0.021)
     # already touching: nothing left to drive
-    assert free_run((4.9, 0.0, 0.0), r, np.zeros((0, 6)), room, max_range=8.0) == 0.0
+    assert free_run((4.9, 0.0, 0.0), r, np.zeros((0, 6)), room, max_range=8.0)[0] == 0.0
+    # several bearings at once: from (0, 1) the post lies 26.6 deg to the right, in the way of that ray only
+    fan = free_run((0.0, 1.0, 0.0), r, post, room, max_range=8.0, bearings=(0.0, -math.atan2(1.0, 2.0)))
+    assert fan.shape == (2,) and fan[0] == pytest.approx(room - r, abs=0.021)
+    assert fan[1] == pytest.approx(math.hypot(2.0, 1.0) - 0.5 - r, abs=0.021)
