@@ -107,3 +107,19 @@ def test_shipped_refine_configs_load_into_their_methods_config():
         prefix = [p for p in methods if f.stem.startswith(p)]
         assert prefix, f"{f.name}: no refine method named by its prefix ({list(methods)})"
         load_config(config_class(methods[prefix[0]]), f)
+
+
+def test_shipped_train_configs_load_into_the_train_config():
+    """Every ``configs/train/*.yaml`` is a valid ``TrainConfig`` (keys, types, choices), so a
+    renamed option or a mistyped key fails here rather than after a dataset is collected."""
+    from pathlib import Path
+
+    from robopolicy.train.trainer import TrainConfig
+
+    files = sorted((Path(__file__).resolve().parents[1] / "configs" / "train").glob("*.yaml"))
+    assert len(files) >= 5
+    for f in files:
+        cfg = load_config(TrainConfig, f)
+        assert cfg.steps > 0, f.name
+    fr = load_config(TrainConfig, files[0].parent / "track_stage2_ground_free_run.yaml")
+    assert "free_run" in fr.model.aux_heads and fr.loss.ground_free_run > 0
