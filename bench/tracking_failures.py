@@ -21,6 +21,10 @@ For every contact with an obstacle or wall it also prints where on the robot's r
 is (bearing from the heading: ahead, side, behind) and in how many of the last ``window`` states
 the contact spot (the point of the obstacle or wall that is touched) lay inside the front
 camera's horizontal field of view: whether the policy could have seen what it hit.
+
+Over all steps it prints how fast the robot drives (mean and 90th percentile forward speed) and
+how often, and how fast, it is within 0.5 m of an obstacle or wall: whether a policy collides
+less because it drives slower or because it keeps its distance.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ def main(argv: list[str]) -> int:
     half_fov = 0.5 * base.hfov_deg
     counts = dict.fromkeys(KINDS, 0)
     collisions: list[dict] = []
+    speeds, clearances = [], []  # every step: forward speed (m/s), the rim's gap to obstacles and walls (m)
     for e in tqdm(range(cfg.episodes), desc=f"episodes ({cfg.split})", unit="ep"):
         obs, info = env.reset(seed=cfg.seed + e)
         policy.reset()
@@ -105,6 +110,8 @@ def main(argv: list[str]) -> int:
                 wp = policy.predict(to_policy_batch({k: ([v] if isinstance(v, str) else np.asarray(v)[None])
                                                      for k, v in obs.items()})).numpy()[0]
             obs, _r, term, trunc, info = env.step(wp)
+            speeds.append(float(info["robot_velocity"][0]))
+            clearances.append(float(info["robot_clearance"]))
         kind = classify(info)
         counts[kind] += 1
         if kind.startswith("collision"):
@@ -126,6 +133,10 @@ def main(argv: list[str]) -> int:
     print(f"\n| {cfg.checkpoint} ({cfg.split}) | episodes | share |\n|---|---:|---:|")
     for kind in KINDS:
         print(f"| {kind} | {counts[kind]} | {counts[kind] / n:.1%} |")
+    clear = np.asarray(clearances)
+    print(f"\ndriving, over {len(speeds)} steps: forward speed mean {np.mean(speeds):.2f} m/s (90th percentile "
+          f"{np.percentile(speeds, 90):.2f}); rim within 0.5 m of an obstacle or wall in {np.mean(clear < 0.5):.1%} of the "
+          f"steps (their mean forward speed {np.mean(np.asarray(speeds)[clear < 0.5]) if np.any(clear < 0.5) else float('nan'):.2f} m/s)")
     if collisions:
         saved = [c["latest_saved"] for c in collisions if c["latest_saved"] is not None]
         print(f"\ncollisions: {len(collisions)}; forward speed at contact: mean {np.mean([c['speed'] for c in collisions]):.2f} m/s; "
