@@ -5,9 +5,12 @@
     .venv/bin/python bench/vs_lerobot.py policies=[ours,act] budget_s=120 episodes=4   # a quick look
     .venv/bin/python bench/vs_lerobot.py "policies=[ours,act]" camera=none demos=200 episodes=50 \
         dataset=outputs/datasets/arm_pp_state "env={id: robopolicy/ArmPickPlace-v0, kwargs: {use_cameras: false, env_state: true}}"
+    .venv/bin/python bench/vs_lerobot.py "policies=[ours,act]" camera=front+wrist recipe=configs/train/arm_reach_cam.yaml \
+        "env={id: robopolicy/ArmReach-v0, kwargs: {}}" demos=1000 dataset=outputs/datasets/arm_reach_cam budget_s=1200 episodes=100
 
 1. Dataset: ``demos`` oracle episodes of ``env`` collected with ``robopolicy collect`` (reused
-   when ``dataset`` already holds them). One camera (``camera``) at ``image_size`` px + the state;
+   when ``dataset`` already holds them). The cameras of ``camera`` (one name, or several joined by
+   ``+``: ``front+wrist``) at ``image_size`` px + the state;
    or, with ``camera=none``, no camera: every policy reads the joint state and the scene state
    (``observation.environment_state``, LeRobot's key; the env needs ``env_state: true``).
 2. Training, ``budget_s`` of wall clock each (set-up, data loading and feature encoding
@@ -17,7 +20,9 @@
      statistics, ``LeRobotDataset`` with the policy's ``delta_timestamps`` (video decoding
      included), the policy's optimizer preset and gradient clipping. The learning-rate
      schedulers are left out (a budget has no known step count).
-   - Ours with ``robopolicy.train`` (frozen encoder + feature cache; the encoding counts).
+   - Ours with ``robopolicy.train`` (frozen encoder + feature cache; the encoding counts), or with
+     ``recipe``: one of our train configs (its model, losses, optimizer, augmentation), trained
+     on the same dataset, cameras and batch size.
 3. Evaluation in our env, the same seeds for all (``robopolicy.eval``); lerobot's policies run
    through their own ``select_action`` (their action queues decide the chunk execution).
 4. Latency per chunk at batch 1 on the CPU, same image size: ACT ``predict_action_chunk``,
@@ -61,7 +66,11 @@ class BenchConfig:
     collect_workers: int = 2
     image_size: int = 96
     camera: str = "front"
-    """The camera every policy sees; ``none``: a state-based comparison (see 1. above)."""
+    """The camera(s) every policy sees (``front``, ``front+wrist``); ``none``: a state-based
+    comparison (see 1. above)."""
+    recipe: str | None = None
+    """A train config of ours (e.g. ``configs/train/arm_reach_cam.yaml``) to train instead of the
+    default recipe; the bench sets its dataset, cameras, batch size, steps and output."""
     policies: list[str] = field(default_factory=lambda: ["ours", "act", "diffusion"])
     budget_s: float = 300.0
     """Training wall clock per policy (data loading / feature encoding included)."""
@@ -103,6 +112,16 @@ def ensure_dataset(cfg: BenchConfig) -> Path:
 
 
 # --------------------------------------------------------------------------- lerobot side
+def camera_names(camera: str) -> list[str]:
+    """``front+wrist`` -> ``[front, wrist]``; ``none`` -> ``[]``."""
+    if camera == "none":
+        return []
+    names = [c.strip() for c in camera.split("+")]
+    if not all(names):
+        raise ValueError(f"camera {camera!r}: expected names joined by '+', e.g. front+wrist, or none")
+    return names
+
+
 def lerobot_parts(kind: str, root: Path, camera: str, diffusion_inference_steps: int | None = None):
     """(config, policy, preprocessor, postprocessor, metadata) built with lerobot's own factories."""
     from lerobot.configs.types import FeatureType
@@ -112,7 +131,10 @@ def lerobot_parts(kind: str, root: Path, camera: str, diffusion_inference_steps:
     meta = LeRobotDatasetMetadata("local/vs_lerobot", root=root)
     features = dataset_to_policy_features(meta.features)
     wanted = ("observation.state", "observation.environment_state") if camera == "none" else \
-        (f"observation.images.{camera}", "observation.state")
+        (*(f"observation.images.{c}" for c in camera_names(camera)), "observation.state")
+    missing = [k for k in wanted if k not in features]
+    if missing:
+        raise ValueError(f"dataset {root} has no {missing} (it has {sorted(features)})")
     inputs = {k: f for k, f in features.items() if k in wanted}
     outputs = {k: f for k, f in features.items() if k == "action" and f.type is FeatureType.ACTION}
     if kind == "act":
@@ -214,8 +236,9 @@ def lerobot_batch(obs: dict[str, Any], camera: str) -> dict[str, Any]:
     if camera == "none":
         batch["observation.environment_state"] = obs["observation.environment_state"].float()
     else:
-        key = f"observation.images.{camera}"
-        batch[key] = obs[key].float() / 255.0
+        for c in camera_names(camera):
+            key = f"observation.images.{c}"
+            batch[key] = obs[key].float() / 255.0
     return batch
 
 
@@ -240,9 +263,16 @@ def train_ours(cfg: BenchConfig, root: Path) -> dict[str, Any]:
     base = {
         "name": "vs_lerobot", "out": str(Path(cfg.out_dir) / "ours"), "overwrite": True, "progress": False,
         "batch_size": cfg.batch_size, "save_every": 0, "log_every": 20, "threads": cfg.threads,
-        "data": {"dataset": str(root), "features": {"cameras": [cfg.camera]}},
+        "data": {"dataset": str(root), "features": {"cameras": camera_names(cfg.camera)}},
     }
-    if cfg.camera == "none":  # the shipped state recipe (configs/train/arm_state_chunk.yaml) without language
+    if cfg.recipe:  # one of our train configs, on the bench's dataset, cameras and batch
+        from robopolicy.config import load_yaml
+
+        recipe = {k: v for k, v in load_yaml(cfg.recipe).items() if k not in ("name", "out", "steps", "save_every", "init_from")}
+        if cfg.camera == "none":
+            recipe.setdefault("data", {}).setdefault("features", {})["env_state"] = "observation.environment_state"
+        base = deep_merge(recipe, base)
+    elif cfg.camera == "none":  # the shipped state recipe (configs/train/arm_state_chunk.yaml) without language
         base["data"]["features"] = {"cameras": [], "env_state": "observation.environment_state"}
         base["model"] = {"head": "chunk_l1", "horizon": 16, "context_strides": [0], "language": {"enabled": False},
                          "d_model": 128, "n_heads": 4, "n_layers": 3, "head_layers": 2}
@@ -367,7 +397,10 @@ def main(argv: list[str]) -> int:
             _ratio(r["samples_per_s"], act.get("samples_per_s")), _ratio(r["latency_ms"], act.get("latency_ms")),
         ]) + " |")
     table = "\n".join(lines)
-    seen = "no camera (joint + scene state)" if cfg.camera == "none" else f"{cfg.image_size}px '{cfg.camera}' camera"
+    seen = "no camera (joint + scene state)" if cfg.camera == "none" else \
+        f"{cfg.image_size}px camera(s) {'+'.join(camera_names(cfg.camera))}"
+    if cfg.recipe:
+        seen += f", ours: {cfg.recipe}"
     print(f"\n{cfg.env.label()}, {cfg.demos} demos, {seen}, "
           f"{cfg.budget_s:.0f} s of training each, batch {cfg.batch_size}, {torch.get_num_threads()} CPU threads\n")
     print(table)
