@@ -8,8 +8,10 @@ locator of ``configs/train/arm_locator.yaml``, whose ``label.goal_grip`` / ``lab
 estimates are put back in the world frame and also scored on the frames with the gripper near
 the cube) and an
 ArmPickPlace dataset collected with ``--seed SEED`` (episode i: seed + i), over ``frames``
-frames drawn at random it prints the mean / median xy error of the named cube and bowl, the same
-over the first 15 frames of each episode (the arm still away, nothing hidden) and later ones,
+frames drawn at random (and every episode's first frame) it prints the mean / median xy error of
+the named cube and bowl, the same over the first 15 frames of each episode (the arm still away,
+nothing hidden), over the first frames alone (the arm has not moved yet: on oracle episodes the
+arm's heading gives the cube away from the second frame on) and later ones,
 again with the joint state zeroed (what the arm's own position tells the head) and with the
 wrist camera blanked, and split by whether the instruction's cube colour is also one of the
 bowls' colours (the case the pooled sentence embedding's weak word order would confuse).
@@ -60,6 +62,9 @@ def main(argv: list[str]) -> None:
         u = env.unwrapped
         ambiguous[ep] = u.cube_colors[u.goal_cube] in u.target_colors
     idx = np.random.default_rng(0).choice(len(ds), size=min(n_frames, len(ds)), replace=False)
+    n_random = len(idx)  # the rows below are over these; the first-frame row over every episode's first frame
+    firsts = np.flatnonzero(ds._frame_index[ds._rows] == 0)
+    idx = np.concatenate([idx, np.setdiff1d(firsts, idx)])
     rows = {v: [] for v in ("as recorded", "joint state zeroed", "wrist camera blank")}
     with torch.no_grad():
         for start in range(0, len(idx), 50):
@@ -87,22 +92,27 @@ def main(argv: list[str]) -> None:
                 for k, it in enumerate(items):
                     ep = int(it["episode_index"])
                     rows[variant].append((int(it["frame_index"]) < 15, ambiguous[ep], float(cube[k]), float(bowl[k]),
-                                          bool(near[k]) if near is not None else False))
-    print(f"\n{ckpt} on {data} ({len(idx)} frames of {len(episodes)} episodes): xy error in cm, mean (median)\n")
+                                          bool(near[k]) if near is not None else False,
+                                          int(it["frame_index"]) == 0, start + k < n_random))
+    print(f"\n{ckpt} on {data} ({n_random} frames of {len(episodes)} episodes at random, and the {len(firsts)} first frames): xy error in cm, mean (median)\n")
     print("| input | frames | named cube | named bowl |\n|---|---|---|---|")
     for variant, r in rows.items():
         r = np.asarray(r, dtype=float)
-        for name, mask in (("all", np.ones(len(r), bool)), ("first 15 of each episode", r[:, 0] > 0),
-                           ("later", r[:, 0] == 0), (f"gripper within {NEAR * 100:.0f} cm of the cube", r[:, 4] > 0),
-                           ("cube colour also a bowl's", r[:, 1] > 0), ("cube colour not a bowl's", r[:, 1] == 0)):
+        rnd = r[:, 6] > 0
+        for name, mask in (("all", rnd), ("first 15 of each episode", rnd & (r[:, 0] > 0)),
+                           ("first of each episode", r[:, 5] > 0),
+                           ("later", rnd & (r[:, 0] == 0)), (f"gripper within {NEAR * 100:.0f} cm of the cube", rnd & (r[:, 4] > 0)),
+                           ("cube colour also a bowl's", rnd & (r[:, 1] > 0)), ("cube colour not a bowl's", rnd & (r[:, 1] == 0))):
             if not mask.any():
                 continue
-            if variant != "as recorded" and name not in ("all", "first 15 of each episode"):
+            if variant != "as recorded" and name not in ("all", "first 15 of each episode", "first of each episode"):
                 continue
             c, b = r[mask, 2], r[mask, 3]
             print(f"| {variant} | {name} ({mask.sum()}) | {c.mean():.1f} ({np.median(c):.1f}) | {b.mean():.1f} ({np.median(b):.1f}) |")
     r = np.asarray(rows["as recorded"], dtype=float)
-    print(f"\n[locate] named cube {r[:, 2].mean():.1f} cm, named bowl {r[:, 3].mean():.1f} cm off on average")
+    f, r = r[r[:, 5] > 0], r[r[:, 6] > 0]
+    print(f"\n[locate] named cube {r[:, 2].mean():.1f} cm, named bowl {r[:, 3].mean():.1f} cm off on average; "
+          f"on the first frames {f[:, 2].mean():.1f} / {f[:, 3].mean():.1f} cm")
 
 
 if __name__ == "__main__":

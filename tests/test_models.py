@@ -562,6 +562,29 @@ def test_locate_head_learns_where_the_named_objects_are(one_thread):
         pol.losses({k: v for k, v in batch.items() if k != "label.goal_pos"}, {"locate": 1.0})
 
 
+def test_mlp_locate_head_can_be_kept_from_the_joint_state(one_thread):
+    """locate_state=false: the mlp locate head reads frames and instruction only, so what it says
+    of the scene cannot come from where the arm is (the policy's action path still reads the
+    joints); by default the joints move its estimate."""
+    stats = tiny_stats()
+    stats["label.goal_pos"] = {"mean": np.zeros(6, np.float32), "std": np.ones(6, np.float32)}
+    obs = obs_batch(b=2, seed=3)
+    moved = dict(obs, **{"observation.state": obs["observation.state"] + 1.0})
+    widths = {}
+    for flag in (True, False):
+        torch.manual_seed(0)
+        pol = Policy(tiny_config(aux_heads=["locate"], locate_head="mlp", locate_state=flag, context_strides=[0]), stats)
+        for prm in pol.aux["locate"].parameters():
+            torch.nn.init.normal_(prm, std=0.5)  # not the zero-started last layer: let every input show
+        widths[flag] = next(m for m in pol.aux["locate"].modules() if isinstance(m, torch.nn.Linear)).in_features
+        a = pol.locate(obs)
+        pol.reset()
+        b = pol.locate(moved)
+        assert a.shape == (2, 6) and torch.allclose(a, b) != flag, flag
+        assert pol.predict(obs).shape[0] == 2
+    assert widths[True] - widths[False] == stats["observation.state"]["mean"].shape[0]
+
+
 # ----------------------------------------------------------------------------- perceive, then act
 
 

@@ -91,6 +91,11 @@ class PolicyConfig:
     ``mlp``: an MLP over the current frame's raw encoder tokens of every camera, flattened, with
     the instruction embedding and the joint state (:class:`LocateMLP`), bypassing the transformer.
     The ``mlp`` head is the perception half of a :class:`~robopolicy.models.modular.ModularPolicy`."""
+    locate_state: bool = True
+    """The ``mlp`` locate head also reads the joint state. ``false``: frames and instruction only.
+    On oracle episodes the arm heads for the named cube from the first steps, so a head given the
+    joints can place the cube from where the arm is going and teach the encoder little; without
+    them, the cube has to be found in the frames."""
     cameras: list[str] = field(default_factory=list)
     """Camera roles (``observation.images.<role>``); empty: every camera of the training dataset."""
     use_state: bool = True
@@ -295,7 +300,7 @@ class Policy(nn.Module):
             if cfg.locate_head == "mlp":
                 in_dim = (len(cfg.cameras) * self.vision.n_tokens * self.vision.out_dim
                           + (self.language.dim if self.language is not None else 0)
-                          + (cfg.state_dim if cfg.use_state else 0))
+                          + (cfg.state_dim if cfg.use_state and cfg.locate_state else 0))
                 self.aux["locate"] = LocateMLP(in_dim, cfg.locate_dim, label_stats.get("mean"), label_stats.get("std"))
             else:
                 self.aux["locate"] = LocateHead(d, cfg.n_heads, cfg.locate_dim, label_stats.get("mean"),
@@ -486,13 +491,14 @@ class Policy(nn.Module):
 
     def _locate_inputs(self, current: torch.Tensor, state: torch.Tensor | None, tasks: list[str] | None) -> torch.Tensor:
         """The ``mlp`` locate head's input ``(B, F)``: the current frame's raw tokens of every camera
-        (``current (B, V, n, C)``), the instruction embedding and the normalized joint state."""
+        (``current (B, V, n, C)``), the instruction embedding and the normalized joint state
+        (unless ``locate_state`` is off)."""
         parts = [current.flatten(1).float()]
         if self.language is not None:
             if tasks is None:
                 raise PolicyError("the locate head reads the instruction: the batch needs 'task'")
             parts.append(self.language.embed(tasks).to(parts[0].device, parts[0].dtype))
-        if self.config.use_state:
+        if self.config.use_state and self.config.locate_state:
             if state is None:
                 raise PolicyError(f"the locate head reads the joint state: the batch needs {STATE!r}")
             parts.append(self.normalizer.normalize("state", state.float()))
