@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
         ambiguous[ep] = u.cube_colors[u.goal_cube] in u.target_colors
     idx = np.random.default_rng(0).choice(len(ds), size=min(n_frames, len(ds)), replace=False)
     n_random = len(idx)  # the rows below are over these; the first-frame row over every episode's first frame
-    firsts = np.flatnonzero(ds._frame_index[ds._rows] == 0)
+    firsts = np.flatnonzero(ds.frame_index == 0)
     idx = np.concatenate([idx, np.setdiff1d(firsts, idx)])
     rows = {v: [] for v in ("as recorded", "joint state zeroed", "wrist camera blank")}
     with torch.no_grad():

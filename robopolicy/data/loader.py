@@ -212,6 +212,11 @@ class TrainingDataset(torch.utils.data.Dataset):
         return base
 
     @property
+    def frame_index(self) -> np.ndarray:
+        """Each sample's frame index within its episode, ``(len(self),)`` int64."""
+        return self._frame_index[self._rows]
+
+    @property
     def fps(self) -> int:
         return self.cache.fps
 
