@@ -472,3 +472,30 @@ def test_oracle_chunk_is_the_oracles_own_future_and_leaves_the_episode_as_it_was
         make_refine_env(EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt"}), oracle=True, label_chunk=4)
     with pytest.raises(ValueError, match="lacks"):
         asked.unwrapped.set_state({"sim": np.zeros(3)})
+
+
+def test_pickplace_staged_reward_ranks_the_phases_of_a_pick():
+    """reward="staged": a held cube is worth more than one only reached, and a cube carried over
+    the bowl more than one held at its start; never above 0 before success, 1 on it."""
+    env = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged")
+    rng = np.random.default_rng(1)
+    by_phase: dict[str, list[float]] = {"start": [], "carry": [], "placed": []}
+    for seed in range(6):
+        env.reset(seed=seed)
+        for phase in by_phase:
+            for _ in range(5):
+                env.pose(rng, phases={"free": 0, "approach": 0, "carry": 0, "placed": 0} | {phase: 1.0})
+                success, reward, dist = env._evaluate()
+                assert -1.0 <= reward <= (1.0 if success else 0.0)
+                by_phase[phase].append(reward)
+    start, carry, placed = (np.array(by_phase[k]) for k in ("start", "carry", "placed"))
+    # carried: reach ~1 and held 1, so above -1/3 whatever the distance to the bowl; the start pose
+    # holds nothing and is far from the cube
+    assert carry.min() > -1 / 3 - 1e-6 and start.max() < -2 / 3
+    assert placed.mean() > start.mean()
+    # stepping uses the same reward, and a bad name is refused
+    env.reset(seed=0)
+    _, r, *_ = env.step(env.data.qpos[env._arm_qadr].tolist() + [1.0])
+    assert -1.0 <= r <= 0.0
+    with pytest.raises(ValueError, match="reward"):
+        ArmPickPlaceEnv(reward="sparse")

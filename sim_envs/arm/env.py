@@ -587,6 +587,12 @@ class ArmPickPlaceEnv(ArmEnv):
     asks for one of the held-out (cube colour, bowl colour) goal pairs in ``HELDOUT_PAIRS``,
     "test" always asks for one of them, "all" for any pair. Success (judged on the named cube
     and bowl only): the goal cube rests inside the goal bowl and the gripper has let go of it.
+    ``reward``: "dense" (default) is ``-|tcp - cube| - 2 * (cube-to-bowl xy distance) + 1 on
+    success``; "staged" averages three terms in [0, 1] — reaching the cube ``1 - tanh(10 |tcp -
+    cube|)``, holding it (lifted at least 7.5 mm with the tool point within 2 cm of it) and placing
+    it ``1 - tanh(10 * xy distance)``, counted only while the cube is held or already inside the
+    bowl — then subtracts 1 (so every step before success costs, and finishing early never does)
+    and adds 1 on success. Staged rewards a grasp that holds over one that only comes close.
     """
 
     TASK = "pickplace"
@@ -596,10 +602,12 @@ class ArmPickPlaceEnv(ArmEnv):
          ("purple", "orange"), ("orange", "red")}
     )
 
-    def __init__(self, num_cubes: int = 3, num_bowls: int = 3, split: str = "train", **kwargs) -> None:
+    def __init__(self, num_cubes: int = 3, num_bowls: int = 3, split: str = "train", reward: str = "dense",
+                 **kwargs) -> None:
         self.num_cubes = _check_int("num_cubes", num_cubes, 1, 4)
         self.num_targets = _check_int("num_bowls", num_bowls, 1, 3)
         self.split = check_choice("split", split, ("train", "test", "all"))
+        self.reward_mode = check_choice("reward", reward, ("dense", "staged"))
         super().__init__(**kwargs)
 
     def _sample_colors(self, rng) -> None:
@@ -711,7 +719,13 @@ class ArmPickPlaceEnv(ArmEnv):
         opening = 2 * (self._finger_mean() + so101.PAD_INNER_GAP)
         released = opening > 2 * so101.CUBE_HALF + 0.006
         success = dist < so101.BOWL_RADIUS - 0.012 and cube[2] < so101.CUBE_HALF + 0.006 and released
+        reach = _dist(d.site_xpos[self._tcp], cube)
+        bonus = 1.0 if success else 0.0
+        if self.reward_mode == "staged":
+            held = cube[2] > so101.CUBE_HALF + 0.0075 and reach < 0.02
+            place = 1.0 - math.tanh(10.0 * dist) if (held or dist < so101.BOWL_RADIUS) else 0.0
+            staged = (1.0 - math.tanh(10.0 * reach) + float(held) + place) / 3.0
+            return success, staged - 1.0 + bonus, dist
         # dense reward: reach the cube, bring it over the bowl (horizontal distance only, so lifting it
         # over the bowl's wall costs nothing), and the success bonus for letting go inside
-        reward = -_dist(d.site_xpos[self._tcp], cube) - 2.0 * dist + (1.0 if success else 0.0)
-        return success, reward, dist
+        return success, -reach - 2.0 * dist + bonus, dist
