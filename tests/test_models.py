@@ -49,6 +49,32 @@ def obs_batch(b=2, seed=0, size=32):
 # ----------------------------------------------------------------------------- encoders
 
 
+def test_channels_last_is_a_layout_not_a_model(tmp_path):
+    """channels_last (the default for CNNs) keeps the conv weights NHWC and computes what the
+    NCHW network computes; checkpoints hold plain contiguous tensors that load either way."""
+    torch.manual_seed(0)
+    nhwc = VisionEncoder(dataclasses.replace(TINY, frozen=False), grid=2)
+    nchw = VisionEncoder(dataclasses.replace(TINY, frozen=False, channels_last=False), grid=2)
+    nchw.load_state_dict(nhwc.state_dict())
+    convs = [p for p in nhwc.parameters() if p.ndim == 4]
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+    assert any(not p.is_contiguous() for p in convs)  # (a 1x1 kernel is both)
+    assert all(p.is_contiguous() for p in nchw.parameters())
+    x = torch.randint(0, 255, (4, 3, 64, 64), dtype=torch.uint8)
+    y1, y2 = nhwc(x), nchw(x)
+    assert torch.allclose(y1, y2, atol=1e-4)
+    (y1.square().mean()).backward()
+    (y2.square().mean()).backward()
+    for (k, a), b in zip(nhwc.named_parameters(), nchw.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-4, rtol=1e-3), k
+    policy = Policy(tiny_config(encoders=[dataclasses.replace(TINY, frozen=False)]), tiny_stats())
+    policy.save(tmp_path / "p")
+    loaded = Policy.load(tmp_path / "p")
+    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), loaded.state_dict().values()))
+    vit = VisionEncoder(EncoderConfig(name="test_vit", frozen=False, image_size=32), grid=2)
+    assert not vit.channels_last
+
+
 def test_encoder_tokens_frozen_and_vit_grid():
     enc = VisionEncoder(TINY, grid=2)
     x = torch.randint(0, 255, (3, 3, 40, 40), dtype=torch.uint8)
@@ -69,7 +95,7 @@ def test_two_encoders_fuse_on_channels_and_cache_key_tracks_weights(tmp_path):
 
     a = VisionEncoder(TINY, grid=2)
     path = tmp_path / "w.safetensors"
-    state = {k: v + 0.5 for k, v in a.net.state_dict().items() if v.dtype.is_floating_point}
+    state = {k: (v + 0.5).contiguous() for k, v in a.net.state_dict().items() if v.dtype.is_floating_point}
     save_file(state, str(path))
     fused = FusedVisionEncoder([TINY, EncoderConfig(name="test_efficientnet", image_size=64, weights=None)], grid=2)
     x = torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8)
@@ -98,7 +124,8 @@ def test_intermediate_stage_keeps_spatial_detail_and_loads_full_weights(tmp_path
     assert staged.out_dim == staged.net.feature_info.channels()[-1] != full.out_dim
     # the whole network's weights load into the truncated one (the later layers are ignored)
     path = tmp_path / "full.safetensors"
-    save_file({k: v + 0.25 for k, v in full.net.state_dict().items() if v.dtype.is_floating_point}, str(path))
+    save_file({k: (v + 0.25).contiguous() for k, v in full.net.state_dict().items() if v.dtype.is_floating_point},
+              str(path))
     loaded = VisionEncoder(EncoderConfig(name="test_resnet", image_size=64, stage=1, weights=str(path)), grid=4)
     for k, v in loaded.net.state_dict().items():
         if v.dtype.is_floating_point:

@@ -190,6 +190,23 @@ def test_training_on_frames_without_the_cache(dataset, caches, tmp_path):
     assert any("augment.shift ignored" in line for line in logs)
 
 
+def test_bf16_autocast_trains_on_the_cpu_and_keeps_float32_weights(dataset, caches, tmp_path):
+    """amp=bf16 runs on a CPU (autocast); weights and checkpoints stay float32. fp16 stays GPU-only."""
+    logs: list[str] = []
+    cfg = config(dataset, caches, tmp_path / "bf16", "steps=12", "model.horizon=4", "amp=bf16", "device=cpu",
+                 "model.encoders=[{name: test_resnet, frozen: false, image_size: 64}]")
+    result = train(cfg, log=logs.append)
+    losses = _losses(result.out)
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+    assert not any("GPU-only" in line for line in logs)
+    loaded = Policy.load(result.final)
+    assert all(v.dtype == torch.float32 for v in loaded.state_dict().values() if v.dtype.is_floating_point)
+    logs.clear()
+    train(config(dataset, caches, tmp_path / "fp16", "steps=2", "model.horizon=4", "amp=fp16", "device=cpu"),
+          log=logs.append)
+    assert any("amp=fp16 is GPU-only" in line for line in logs)
+
+
 def test_resume_continues_from_the_newest_checkpoint(dataset, caches, tmp_path):
     out = tmp_path / "run"
     train(config(dataset, caches, out, "steps=10", "save_every=5"), log=lambda s: None)
