@@ -7,6 +7,9 @@
         dataset=outputs/datasets/arm_pp_state "env={id: robopolicy/ArmPickPlace-v0, kwargs: {use_cameras: false, env_state: true}}"
     .venv/bin/python bench/vs_lerobot.py "policies=[ours,act]" camera=front+wrist recipe=configs/train/arm_reach_cam.yaml \
         "env={id: robopolicy/ArmReach-v0, kwargs: {}}" demos=1000 dataset=outputs/datasets/arm_reach_cam budget_s=1200 episodes=100
+    # the same with bf16 autocast for ours (a CPU with AVX512-BF16), and then for ACT too:
+    .venv/bin/python bench/vs_lerobot.py ... "ours={amp: bf16}"          # ... as the previous command
+    .venv/bin/python bench/vs_lerobot.py ... "ours={amp: bf16}" lerobot_amp=bf16
 
 1. Dataset: ``demos`` oracle episodes of ``env`` collected with ``robopolicy collect`` (reused
    when ``dataset`` already holds them). The cameras of ``camera`` (one name, or several joined by
@@ -19,7 +22,8 @@
      defaults, no pretrained weights, no hub), ``make_*_pre_post_processors`` with the dataset's
      statistics, ``LeRobotDataset`` with the policy's ``delta_timestamps`` (video decoding
      included), the policy's optimizer preset and gradient clipping. The learning-rate
-     schedulers are left out (a budget has no known step count).
+     schedulers are left out (a budget has no known step count). ``lerobot_amp=bf16`` runs
+     their forward pass under bf16 autocast, as ``ours={amp: bf16}`` runs ours.
    - Ours with ``robopolicy.train`` (frozen encoder + feature cache; the encoding counts), or with
      ``recipe``: one of our train configs (its model, losses, optimizer, augmentation), trained
      on the same dataset, cameras and batch size.
@@ -50,7 +54,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from robopolicy.config import load_config  # noqa: E402
+from robopolicy.config import load_config, load_yaml  # noqa: E402
 from robopolicy.envs import EnvConfig  # noqa: E402
 
 WARMUP_STEPS = 5
@@ -77,6 +81,9 @@ class BenchConfig:
     batch_size: int = 8
     loader_workers: int = 1
     """DataLoader processes decoding video for the lerobot policies."""
+    lerobot_amp: str = "none"
+    """``bf16``: train the lerobot policies under the same bf16 autocast that ``ours={amp: bf16}``
+    gives ours, for a like-for-like samples/s; ``none`` (default): lerobot's float32 defaults."""
     episodes: int = 10
     eval_workers: int = 2
     seed: int = 100_000
@@ -183,7 +190,8 @@ def train_lerobot(kind: str, cfg: BenchConfig, root: Path) -> dict[str, Any]:
     while time.perf_counter() - t_start < cfg.budget_s:
         for batch in loader:
             batch = pre(batch)
-            loss, _ = policy.forward(batch)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.lerobot_amp == "bf16"):
+                loss, _ = policy.forward(batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), clip)
@@ -266,8 +274,6 @@ def train_ours(cfg: BenchConfig, root: Path) -> dict[str, Any]:
         "data": {"dataset": str(root), "features": {"cameras": camera_names(cfg.camera)}},
     }
     if cfg.recipe:  # one of our train configs, on the bench's dataset, cameras and batch
-        from robopolicy.config import load_yaml
-
         recipe = {k: v for k, v in load_yaml(cfg.recipe).items() if k not in ("name", "out", "steps", "save_every", "init_from")}
         if cfg.camera == "none":
             recipe.setdefault("data", {}).setdefault("features", {})["env_state"] = "observation.environment_state"
@@ -368,6 +374,8 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def main(argv: list[str]) -> int:
     cfg = load_config(BenchConfig, None, argv)
+    if cfg.lerobot_amp not in ("none", "bf16"):
+        raise SystemExit(f"lerobot_amp must be 'none' or 'bf16', got {cfg.lerobot_amp!r}")
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -401,6 +409,8 @@ def main(argv: list[str]) -> int:
         f"{cfg.image_size}px camera(s) {'+'.join(camera_names(cfg.camera))}"
     if cfg.recipe:
         seen += f", ours: {cfg.recipe}"
+    amp_ours = cfg.ours.get("amp") or (load_yaml(cfg.recipe).get("amp") if cfg.recipe else None) or "none"
+    seen += f", autocast: ours {amp_ours}, lerobot {cfg.lerobot_amp}"
     print(f"\n{cfg.env.label()}, {cfg.demos} demos, {seen}, "
           f"{cfg.budget_s:.0f} s of training each, batch {cfg.batch_size}, {torch.get_num_threads()} CPU threads\n")
     print(table)
