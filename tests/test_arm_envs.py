@@ -475,8 +475,8 @@ def test_oracle_chunk_is_the_oracles_own_future_and_leaves_the_episode_as_it_was
 
 
 def test_pickplace_staged_reward_ranks_the_phases_of_a_pick():
-    """reward="staged": a held cube is worth more than one only reached, and a cube carried over
-    the bowl more than one held at its start; never above 0 before success, 1 on it."""
+    """reward="staged": a carried cube is worth more than the arm's start pose, and a placed one
+    more than the start on average; never above 0 before success."""
     env = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged")
     rng = np.random.default_rng(1)
     by_phase: dict[str, list[float]] = {"start": [], "carry": [], "placed": []}

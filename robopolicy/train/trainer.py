@@ -144,7 +144,7 @@ class TrainConfig:
     ema: EmaConfig = field(default_factory=EmaConfig)
     amp: Literal["none", "bf16", "fp16"] = "none"
     """Mixed-precision autocast. ``bf16`` on a GPU or a CPU (oneDNN runs bf16 convolutions and
-    matmuls natively on CPUs with AVX512-BF16 or AMX, about 1.7x a float32 NCHW step for the arm camera
+    matmuls natively on CPUs with AVX512-BF16 or AMX, about 1.8x a float32 NCHW step for the arm camera
     recipe on 2 cores; on older CPUs it is emulated and slower: measure first); ``fp16`` on a GPU
     only (ignored with a note on a CPU). Weights, optimizer state and checkpoints stay float32."""
     device: str = "auto"
