@@ -6,7 +6,7 @@
 For a checkpoint with the ``locate`` aux head (``configs/train/arm_stage1_locate.yaml``, or the
 locator of ``configs/train/arm_locator.yaml``, whose ``label.goal_grip`` / ``label.goal_rel``
 estimates are put back in the world frame and also scored on the frames with the gripper near
-the cube) and an
+the cube and with the cube carried) and an
 ArmPickPlace dataset collected with ``--seed SEED`` (episode i: seed + i), over ``frames``
 frames drawn at random (and every episode's first frame) it prints the mean / median xy error of
 the named cube and bowl, the same over the first 15 frames of each episode (the arm still away,
@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 NEAR = 0.05  # m: "near" frames, the gripper this close to the named cube (relative labels only)
+LIFTED_Z = 0.03  # m: the named cube's centre this high: carried
 
 
 def main(argv: list[str]) -> None:
@@ -89,11 +90,12 @@ def main(argv: list[str]) -> None:
                 cube = (pred[:, :2] - goal[:, :2]).norm(dim=-1) * 100
                 bowl = (pred[:, 3:5] - goal[:, 3:5]).norm(dim=-1) * 100
                 near = batch[label].reshape(-1, 6)[:, :3].norm(dim=-1) < NEAR if relative else None
+                lifted = goal[:, 2] > LIFTED_Z
                 for k, it in enumerate(items):
                     ep = int(it["episode_index"])
                     rows[variant].append((int(it["frame_index"]) < 15, ambiguous[ep], float(cube[k]), float(bowl[k]),
                                           bool(near[k]) if near is not None else False,
-                                          int(it["frame_index"]) == 0, start + k < n_random))
+                                          int(it["frame_index"]) == 0, start + k < n_random, bool(lifted[k])))
     print(f"\n{ckpt} on {data} ({n_random} frames of {len(episodes)} episodes at random, and the {len(firsts)} first frames): xy error in cm, mean (median)\n")
     print("| input | frames | named cube | named bowl |\n|---|---|---|---|")
     for variant, r in rows.items():
@@ -102,6 +104,7 @@ def main(argv: list[str]) -> None:
         for name, mask in (("all", rnd), ("first 15 of each episode", rnd & (r[:, 0] > 0)),
                            ("first of each episode", r[:, 5] > 0),
                            ("later", rnd & (r[:, 0] == 0)), (f"gripper within {NEAR * 100:.0f} cm of the cube", rnd & (r[:, 4] > 0)),
+                           ("cube lifted (carried)", rnd & (r[:, 7] > 0)),
                            ("cube colour also a bowl's", rnd & (r[:, 1] > 0)), ("cube colour not a bowl's", rnd & (r[:, 1] == 0))):
             if not mask.any():
                 continue
