@@ -10,9 +10,10 @@ as its scene state (or a ``ModularPolicy`` directory as ``policy=DIR`` for both)
 ``true`` mode (``none``: the estimate as it is, what ``robopolicy eval`` runs; ``cube`` / ``bowl``:
 that half from the env's ``info``; ``both``: the actor on true labels) it runs the same evaluation
 seeds (``seed`` + i), ``steps_per_chunk`` actions of each chunk, and prints success, how often the
-named cube was lifted, and the estimate's mean error on the states the policy itself visited (every chunk decision)
-split by whether the cube is lifted at the decision (beside the error on oracle frames that ``bench/locate_error.py`` measures, this is the one the
-actor meets). A markdown table at the end.
+named cube was lifted, and the estimate's mean error on the states the policy itself visited
+(every chunk decision), also split by whether the cube is lifted at the decision (beside the error
+on oracle frames that ``bench/locate_error.py`` measures, this is the one the actor meets). A
+markdown table at the end.
 """
 
 from __future__ import annotations
