@@ -207,6 +207,20 @@ def test_bf16_autocast_trains_on_the_cpu_and_keeps_float32_weights(dataset, cach
     assert any("amp=fp16 is GPU-only" in line for line in logs)
 
 
+def test_bf16_on_a_cpu_without_native_bf16_says_it_is_emulated(dataset, caches, tmp_path, monkeypatch):
+    """amp=bf16 on a CPU without AVX512-BF16 / AMX still trains, with a note that it is emulated;
+    with native bf16 there is no note."""
+    import robopolicy.train.trainer as trainer_mod
+
+    assert isinstance(trainer_mod.cpu_has_native_bf16(), bool)  # the real probe runs on any CPU
+    for native, expected in ((False, True), (True, False)):
+        monkeypatch.setattr(trainer_mod, "cpu_has_native_bf16", lambda native=native: native)
+        logs: list[str] = []
+        train(config(dataset, caches, tmp_path / f"bf16_{native}", "steps=2", "model.horizon=4", "amp=bf16",
+                     "device=cpu"), log=logs.append)
+        assert any("bf16 is emulated" in line for line in logs) is expected
+
+
 def test_resume_continues_from_the_newest_checkpoint(dataset, caches, tmp_path):
     out = tmp_path / "run"
     train(config(dataset, caches, out, "steps=10", "save_every=5"), log=lambda s: None)
