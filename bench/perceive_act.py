@@ -74,13 +74,14 @@ def rollouts(locator, actor, mode: str, episodes: int, seed: int, steps_per_chun
         wins += bool(info["is_success"])
         lifts += lifted
     env.close()
-    held_m = np.asarray(held, bool)
-    err = np.asarray(cube_err)
-    return {"cube_free_cm": 100 * float(err[~held_m].mean()) if (~held_m).any() else float("nan"),
-            "cube_held_cm": 100 * float(err[held_m].mean()) if held_m.any() else float("nan"),
-            "mode": mode, "success": wins / episodes, "lifted": lifts / episodes,
-            "cube_cm": 100 * float(np.mean(cube_err)), "bowl_cm": 100 * float(np.mean(bowl_err)),
-            "ms_per_call": 1000 * policy_s / max(calls, 1)}
+    err, held = 100 * np.asarray(cube_err), np.asarray(held, bool)
+
+    def mean_cm(mask):
+        return float(err[mask].mean()) if mask.any() else float("nan")
+
+    return {"mode": mode, "success": wins / episodes, "lifted": lifts / episodes,
+            "cube_cm": float(err.mean()), "cube_free_cm": mean_cm(~held), "cube_held_cm": mean_cm(held),
+            "bowl_cm": 100 * float(np.mean(bowl_err)), "ms_per_call": 1000 * policy_s / max(calls, 1)}
 
 
 def main(argv: list[str]) -> None:

@@ -343,8 +343,8 @@ def test_pose_draws_task_poses_with_consistent_labels():
             _, reward, _ = env._evaluate()
             assert reward == pytest.approx(-np.linalg.norm(ee - cube) - 2.0 * np.linalg.norm(cube[:2] - bowl[:2]))
             # closed on the cube: at most the touching angle, as low as the fingers press in physics
-            touching = (so101.CUBE_HALF - so101.PAD_INNER_GAP) / so101.GRIP_M_PER_RAD
-            assert env.CARRY_GRIP_LOW - 1e-6 <= obs["observation.state"][5] <= touching + 1e-6
+            assert env.CARRY_GRIP_LOW - 1e-6 <= obs["observation.state"][5] <= env.CARRY_GRIP_TOUCH + 1e-6
+            assert env.CARRY_GRIP_TOUCH * so101.GRIP_M_PER_RAD == pytest.approx(so101.CUBE_HALF - so101.PAD_INNER_GAP)
         else:  # placed in the bowl
             placed += 1
             assert np.linalg.norm(cube[:2] - bowl[:2]) < so101.BOWL_RADIUS

@@ -663,8 +663,9 @@ class ArmPickPlaceEnv(ArmEnv):
     # phases of a pick-and-place and how often :meth:`pose` draws each by default ("start" and
     # "transit" come last at weight 0, so the default draws are those of the mix before them)
     POSE_PHASES = {"free": 0.1, "approach": 0.45, "carry": 0.35, "placed": 0.1, "start": 0.0, "transit": 0.0}
-    # rad: the lowest gripper reading of a held cube in oracle carries (~5th percentile of 20 oracle
-    # episodes; the median is 0.53, the touching angle 0.73)
+    # rad: the gripper angle at which the closed pads just touch a cube's faces, and the lowest
+    # reading of a held cube in oracle carries (~5th percentile of 20 oracle episodes; median 0.53)
+    CARRY_GRIP_TOUCH = (so101.CUBE_HALF - so101.PAD_INNER_GAP) / so101.GRIP_M_PER_RAD
     CARRY_GRIP_LOW = 0.25
 
     def _sample_pose(self, rng, phase):
@@ -708,8 +709,7 @@ class ArmPickPlaceEnv(ArmEnv):
             # so oracle carries read below the touching angle; a locator that reads the joints
             # must see those readings here too (a fixed touching angle made every real carry
             # look unlike the posed ones: the cube estimate was 2.9 cm off on oracle carries)
-            touching = (so101.CUBE_HALF - so101.PAD_INNER_GAP) / so101.GRIP_M_PER_RAD
-            return q, float(rng.uniform(self.CARRY_GRIP_LOW, touching))
+            return q, float(rng.uniform(self.CARRY_GRIP_LOW, self.CARRY_GRIP_TOUCH))
         # placed: the cube rests on the bowl's floor (a 3 mm disc), the open gripper above it
         off = rng.normal(0.0, 0.008, 2)
         off *= min(1.0, (so101.BOWL_RADIUS - 0.015) / max(float(np.linalg.norm(off)), 1e-9))
