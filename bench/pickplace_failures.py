@@ -4,6 +4,7 @@
     .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final release=step
     .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/refine/residual_pp_switch/final release=chunk
     .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final execute_steps=16 grasp_offsets=true
+    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final execute_steps=16 correct=center,narrow
 
 Runs a state-based ArmPickPlace policy (a plain chunk checkpoint, executed as residual PPO's
 rollouts execute it: ``execute_steps`` actions per chunk, from ``config``; or a residual
@@ -28,6 +29,21 @@ the policy are deterministic, so the replay is the same episode up to there).
 ``grasp_offsets=true`` asks the same of a Cartesian correction (what ``residual.tcp`` can do): every
 episode that never lifts the cube is replayed once per constant xy offset of the commanded
 tool-centre point (a 5 x 5 grid, ±``offset`` metres), applied until the cube is first lifted.
+
+``correct`` runs the policy with scripted state-feedback corrections of the kinds a residual can
+make, from the privileged scene state: a reference for what a correction in that space achieves
+without learning (comma-separated, applied on top of the policy's action):
+
+- ``center``: while the cube is not lifted and the commanded tool-centre point is within 4 cm (xy)
+  and 5 cm (height) of it, move the command's xy onto the cube's (at most ``correct_range`` m);
+- ``narrow``: in the same phase, open the gripper no wider than the oracle does (the cube's width
+  across the jaws + 8 mm a side), so the open fingers stay clear of the neighbours;
+- ``roll``: in the same phase (6 cm), turn the wrist roll to the oracle's grasp yaw;
+- ``carry``: while the cube is lifted, move the command's xy toward the bowl's centre (at most
+  ``correct_range`` m).
+
+Every run also counts, among the ``dropped`` episodes, those whose cube was lifted for fewer than
+5 steps: knocked or tipped at the grasp rather than lost on the way.
 """
 
 from __future__ import annotations
@@ -70,6 +86,13 @@ class FailureBenchConfig:
     held until the cube is lifted (with ``release=none``)."""
     offset: float = 0.01
     """Largest grasp offset (m) of that grid."""
+    correct: str = ""
+    """Scripted corrections (``center``, ``narrow``, ``roll``, ``carry``; see the module docstring)."""
+    correct_range: float = 0.02
+    """Largest xy shift (m) of the ``center`` and ``carry`` corrections."""
+    correct_every: int = 1
+    """Recompute the ``center`` / ``carry`` shift every this many steps and hold it in between
+    (what a residual with ``decision_every`` k can do at best with these rules)."""
 
 
 def classify(success: bool, max_z: float, z: float, dist: float) -> str:
@@ -92,6 +115,8 @@ def main(argv: list[str]) -> int:
     cfg = load_config(FailureBenchConfig, None, argv)
     if not cfg.checkpoint:
         raise SystemExit("give checkpoint=DIR")
+    if cfg.correct_every < 1:
+        raise SystemExit(f"correct_every must be >= 1, got {cfg.correct_every}")
     if cfg.release not in ("none", "step", "chunk"):
         raise SystemExit(f"release must be none, step or chunk, got {cfg.release!r}")
     torch.set_num_threads(1)
@@ -106,23 +131,55 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"{cfg.config}: env {rcfg.env.id} is not ArmPickPlace")
     if (cfg.release == "chunk" or cfg.counterfactual) and policy.config.decision != "chunk":
         raise SystemExit("release=chunk and counterfactual=true need residual.decision: chunk")
+    corrections = [c for c in cfg.correct.split(",") if c]
+    unknown = set(corrections) - {"center", "narrow", "roll", "carry"}
+    if unknown:
+        raise SystemExit(f"correct: unknown {sorted(unknown)} (choose from center, narrow, roll, carry)")
     if (cfg.counterfactual or cfg.grasp_offsets) and cfg.release != "none":
         raise SystemExit("counterfactual=true and grasp_offsets=true replay the policy's own episodes: use them "
                          "with release=none")
     env = make_refine_env(rcfg.env, **env_kwargs(rcfg))
     high = float(env.action_space.high[5])
     arm = None
-    if cfg.grasp_offsets:
+    if cfg.grasp_offsets or corrections:
         from sim_envs.arm.ik import ArmIK
 
         arm = ArmIK()
+
+    held = np.zeros(3)  # the center / carry shift (m), recomputed every ``correct_every`` steps
+
+    def corrected(action: np.ndarray, state: np.ndarray, scene: np.ndarray, info: dict, t: int) -> np.ndarray:
+        """``action`` with the scripted ``correct`` corrections (see the module docstring)."""
+        from sim_envs.arm.oracle import ArmOracle, cube_yaw
+
+        action = action.astype(np.float64)
+        cmd = arm.fk(action[:5])[0]
+        cube, bowl = scene[3:6], scene[8:11]
+        near = float(np.linalg.norm(cmd[:2] - cube[:2]))
+        approach = scene[5] < LIFTED and cmd[2] < cube[2] + 0.05
+        if t % cfg.correct_every == 0:
+            held[:] = 0.0
+            if "center" in corrections and approach and near < 0.04:
+                held[:2] = _clip_norm(cube[:2] - cmd[:2], cfg.correct_range)
+            if "carry" in corrections and scene[5] >= LIFTED:
+                held[:2] = _clip_norm(bowl[:2] - cube[:2], cfg.correct_range)
+        if held.any():
+            action[:4] += arm.joint_shift(action[:5], held)
+        k = int(info["goal_cube"])
+        if "roll" in corrections and approach and near < 0.06:
+            action[4] = arm.roll_for_yaw(action[:5], ArmOracle._grasp_yaw(info, k), symmetry=np.pi / 2)
+        if "narrow" in corrections and approach and near < 0.04 and action[5] > state[5] - 0.05:
+            rel = cube_yaw(info["cube_quat"][k]) - arm.gripper_yaw(state[:5].astype(np.float64))
+            extent = so101.CUBE_HALF * (abs(np.cos(rel)) + abs(np.sin(rel)))
+            action[5] = min(action[5], (extent + 0.008 - so101.PAD_INNER_GAP) / so101.GRIP_M_PER_RAD)
+        return np.clip(action, env.action_space.low, env.action_space.high)
 
     def episode(seed: int, force_at: int = -1, grasp_shift: np.ndarray | None = None) -> dict:
         """One deterministic episode; ``force_at`` >= 0: force the release over that decision's chunk;
         ``grasp_shift``: move the commanded tool-centre point by it (m) until the cube is lifted."""
         obs, info = env.reset(seed=seed)
         policy.reset()
-        max_z, term, trunc, release_now, decision = 0.0, False, False, False, -1
+        max_z, term, trunc, release_now, decision, lifted_steps, t = 0.0, False, False, False, -1, 0, 0
         over_decisions, p_open = [], []
         while not (term or trunc):
             batch = {k: (torch.as_tensor(np.asarray(v))[None] if not isinstance(v, str) else [v]) for k, v in obs.items()}
@@ -148,22 +205,28 @@ def main(argv: list[str]) -> int:
                 action = action.astype(np.float64)
                 action[:4] += arm.joint_shift(action[:5], grasp_shift)
                 action = np.clip(action, env.action_space.low, env.action_space.high)
+            if corrections:
+                action = corrected(action, np.asarray(obs["observation.state"]), scene, info, t)
+            t += 1
             obs, _r, term, trunc, info = env.step(action)
             scene = np.asarray(obs["observation.environment_state"])
             max_z = max(max_z, float(scene[5]))
+            lifted_steps += int(scene[5] > LIFTED)
         kind = classify(bool(info.get("is_success")), max_z, float(scene[5]),
                         float(np.linalg.norm(scene[3:5] - scene[8:10])))
-        return {"kind": kind, "over": over_decisions, "p_open": p_open}
+        return {"kind": kind, "over": over_decisions, "p_open": p_open, "lifted_steps": lifted_steps}
 
     counts: dict[str, int] = {}
     p_open: list[float] = []
     forced: dict[bool, list[bool]] = {True: [], False: []}  # base outcome -> outcomes with the release forced
     grid = np.linspace(-cfg.offset, cfg.offset, 5)
     shifted: list[int] = []  # per never-lifted episode: how many grid offsets succeed
+    knocked = 0  # dropped episodes whose cube was lifted for fewer than 5 steps
     for e in tqdm(range(cfg.episodes), desc="episodes", unit="ep"):
         res = episode(cfg.seed + e)
         counts[res["kind"]] = counts.get(res["kind"], 0) + 1
         p_open += res["p_open"]
+        knocked += res["kind"] == "dropped or placed outside" and res["lifted_steps"] < 5
         if cfg.counterfactual:
             for k in res["over"]:
                 forced[res["kind"] == "success"].append(episode(cfg.seed + e, force_at=k)["kind"] == "success")
@@ -174,6 +237,9 @@ def main(argv: list[str]) -> int:
     print(f"\n| {cfg.checkpoint} (release: {cfg.release}) | episodes | share |\n|---|---:|---:|")
     for kind in ("success", "never lifted", "held over the bowl", "held elsewhere", "dropped or placed outside"):
         print(f"| {kind} | {counts.get(kind, 0)} | {counts.get(kind, 0) / n:.0%} |")
+    if counts.get("dropped or placed outside"):
+        print(f"\nof the {counts['dropped or placed outside']} dropped: {knocked} lifted for fewer than 5 steps "
+              "(knocked or tipped at the grasp)")
     if p_open:
         print(f"\nP(open) where the held cube is over the bowl ({len(p_open)} decisions): mean {np.mean(p_open):.3f}, "
               f"median {np.median(p_open):.3f}")
@@ -187,8 +253,13 @@ def main(argv: list[str]) -> int:
               f"{len(shifted)} never-lifted episodes succeed with at least one; {np.mean(shifted) / 25:.0%} of the "
               f"offsets succeed on average")
     print(f"[failures] {cfg.checkpoint}: success {counts.get('success', 0) / n:.0%} of {n} "
-          f"(release: {cfg.release})")
+          f"(release: {cfg.release}" + (f", corrections: {cfg.correct}" if corrections else "") + ")")
     return 0
+
+
+def _clip_norm(v: np.ndarray, limit: float) -> np.ndarray:
+    n = float(np.linalg.norm(v))
+    return v if n <= limit else v * (limit / n)
 
 
 if __name__ == "__main__":
