@@ -250,6 +250,30 @@ def test_a_tcp_residual_moves_the_commanded_tool_point_by_its_offset_in_metres()
         ResidualConfig(tcp="so101", switch_dims=[2])
 
 
+def test_the_base_tcp_input_is_where_the_base_command_puts_the_tool_point():
+    """``base_tcp``: the forward kinematics of the base's commanded joints, in the residual's input
+    after the inputs listed before it; it needs ``tcp`` and a base."""
+    from sim_envs.arm import so101
+    from sim_envs.arm.ik import ArmIK
+
+    low, high = so101.JOINT_LOW.astype(np.float32), so101.JOINT_HIGH.astype(np.float32)
+    base = tiny_base()
+    policy = ResidualPolicy(ResidualConfig(inputs=["state", "base_tcp"], tcp="so101"), low, high, base=base)
+    assert policy.input_dims == {"state": 6, "base_tcp": 3}
+    obs = obs_batch(b=2)
+    policy.reset(), base.reset()
+    x, _ = policy.residual_input(obs)
+    base.reset()
+    command = np.clip(base.predict(obs)[:, 0].numpy(), low, high)
+    want = np.stack([ArmIK().fk(row.astype(np.float64))[0] for row in command])
+    np.testing.assert_allclose(x[:, 6:].numpy(), want, atol=1e-5)
+    assert not np.allclose(want[0], want[1])  # two different commands, two different points
+    with pytest.raises(ValueError, match="base_tcp"):
+        ResidualConfig(inputs=["state", "base_tcp"])
+    with pytest.raises(PolicyError, match="needs a base"):
+        ResidualPolicy(ResidualConfig(inputs=["state", "base_tcp"], tcp="so101"), low, high, state_dim=6)
+
+
 def test_dual_clip_bounds_negative_advantage_samples_whose_ratio_exploded():
     new = torch.tensor([5.0, 5.0, 0.05, 0.05], requires_grad=True)  # log-ratios: e^5 twice, ~1.05 twice
     old = torch.zeros(4)

@@ -17,6 +17,10 @@ the chosen ``inputs``:
 - ``features``: the base's fused memory, mean-pooled ``(d_model,)``, from its latest prediction;
 - ``base_action``: the current base action, normalized ``(A,)``;
 - ``environment_state``: privileged scene state (simulation only; ``observation.environment_state``);
+- ``base_tcp``: where the base's command puts the tool-centre point, metres ``(3,)`` (the arm's
+  forward kinematics of the commanded joints; needs ``tcp``). With ``environment_state``'s cube
+  and target positions, a Cartesian correction toward either is a difference of inputs, which a
+  joint-space command alone hides behind the kinematics;
 - ``time``: the steps this policy has acted since its ``reset``, over ``time_horizon`` ``(1,)``. A
   task that ends at a time limit has values that depend on the time left, which no observation
   shows; without it the critic averages over it (Pardo et al., time limits in RL). The policy
@@ -48,7 +52,7 @@ from robopolicy.utils.files import atomic_directory
 RESIDUAL_CONFIG = "residual.yaml"
 RESIDUAL_WEIGHTS = "residual.safetensors"
 BASE_DIR = "base"
-INPUTS = ("state", "features", "base_action", "environment_state", "time")
+INPUTS = ("state", "features", "base_action", "base_tcp", "environment_state", "time")
 TCP_ARMS = ("so101",)  # arms whose kinematics ``residual.tcp`` can use
 
 
@@ -149,6 +153,9 @@ class ResidualConfig:
         if self.tcp and set(self.switch_dims) & {0, 1, 2}:
             raise ValueError("residual.tcp: dimensions 0-2 are the tool-centre point offset; they cannot be "
                              "switch_dims")
+        if "base_tcp" in self.inputs and not self.tcp:
+            raise ValueError("residual.inputs has 'base_tcp': set residual.tcp to the arm (e.g. so101) whose "
+                             "kinematics compute it")
         if "time" in self.inputs and self.time_horizon < 1:
             raise ValueError("residual.inputs has 'time': set residual.time_horizon to the task's episode "
                              "limit in steps (e.g. 150 for ArmPushCube-v0)")
@@ -220,7 +227,7 @@ class ResidualPolicy(nn.Module):
             raise PolicyError("residual.decision: chunk holds a correction over each base chunk; it needs a base "
                               "policy (--base)")
         else:
-            bad = [i for i in config.inputs if i in ("features", "base_action")]
+            bad = [i for i in config.inputs if i in ("features", "base_action", "base_tcp")]
             if bad:
                 raise PolicyError(f"residual.inputs {bad} need a base policy (--base); without one use "
                                   f"state and/or environment_state")
@@ -232,7 +239,7 @@ class ResidualPolicy(nn.Module):
         self.register_buffer("action_half", ((high - low) / 2).clamp(min=1e-6))
         a = len(action_low)
         dims = {"state": state_dim, "features": base.config.d_model if base is not None else 0,
-                "base_action": a, "environment_state": env_state_dim, "time": 1}
+                "base_action": a, "base_tcp": 3, "environment_state": env_state_dim, "time": 1}
         missing = [k for k in config.inputs if dims[k] <= 0]
         if missing:
             raise PolicyError(f"residual input {missing[0]!r} has no size (state_dim={state_dim}, "
@@ -399,6 +406,8 @@ class ResidualPolicy(nn.Module):
                 parts.append(feats)
             elif key == "base_action":
                 parts.append(base_norm)
+            elif key == "base_tcp":
+                parts.append(self._command_tcp(base_act))
             elif key == "time":
                 parts.append(torch.as_tensor(self.elapsed / self.config.time_horizon, dtype=torch.float32)[:, None])
             else:
@@ -430,6 +439,19 @@ class ResidualPolicy(nn.Module):
             out = self._tcp_shift(out, base_norm, residual)
         return out
 
+    def _kinematics(self):
+        if self._arm is None:
+            from sim_envs.arm.ik import ArmIK
+
+            self._arm = ArmIK()
+        return self._arm
+
+    def _command_tcp(self, base_act: torch.Tensor) -> torch.Tensor:
+        """``(B, 3)``: the tool-centre point (m) of each row's commanded arm joints (``base_tcp``)."""
+        arm = self._kinematics()
+        q = base_act[:, :5].detach().cpu().double().numpy()
+        return torch.as_tensor(np.stack([arm.fk(row)[0] for row in q]), dtype=torch.float32)
+
     def _tcp_shift(self, action: torch.Tensor, base_norm: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``action (B, A)`` with the first four joints moved so that the tool-centre point of the
         base's command moves by ``scale * residual[:, :3]`` metres (``residual.tcp``)."""
@@ -437,14 +459,11 @@ class ResidualPolicy(nn.Module):
         rows = np.flatnonzero(np.abs(delta).sum(1) > 0)
         if len(rows) == 0:
             return action
-        if self._arm is None:
-            from sim_envs.arm.ik import ArmIK
-
-            self._arm = ArmIK()
+        arm = self._kinematics()
         q_base = (base_norm * self.action_half + self.action_loc).detach().cpu().double().numpy()
         shift = np.zeros((action.shape[0], 4))
         for i in rows:
-            shift[i] = self._arm.joint_shift(q_base[i, :5], delta[i])
+            shift[i] = arm.joint_shift(q_base[i, :5], delta[i])
         out = action.clone()
         out[:, :4] += torch.as_tensor(shift, dtype=out.dtype, device=out.device)
         low, high = self.action_loc - self.action_half, self.action_loc + self.action_half
