@@ -628,6 +628,34 @@ def test_held_exploration_noise_repeats_within_each_hold(tmp_path, monkeypatch):
         residual_ppo.ResidualPPOConfig(env=env, noise_hold=0)
 
 
+def test_state_noise_is_standard_normal_per_state_and_a_fixed_function_of_the_state_between_draws(tmp_path):
+    """``state_noise`` (gSDE): for one state, over draws of the weights, each dimension's noise is
+    N(0, 1), as per-step noise is (the likelihood stays valid); with the weights held, the same state
+    gets the same noise, a nearby state nearly the same, a distant one a different draw."""
+    from robopolicy.refine import residual_ppo
+
+    torch.manual_seed(0)
+    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[64, 64]), LOW, HIGH, state_dim=6)
+    h = policy.actor[-1].in_features
+    x = torch.randn(1, 6).repeat(20000, 1)
+    eps = residual_ppo.state_noise(policy, x, torch.randn(20000, h, 6))
+    assert abs(eps.mean().item()) < 0.03 and eps.std(0).sub(1).abs().max().item() < 0.03
+    w = torch.randn(1, h, 6).repeat(3, 1, 1)
+    x = torch.randn(1, 6)
+    states = torch.cat([x, x + 1e-3, -x])
+    e = residual_ppo.state_noise(policy, states, w)
+    np.testing.assert_allclose(residual_ppo.state_noise(policy, states, w).numpy(), e.numpy())
+    assert (e[0] - e[1]).abs().max() < 0.05 and (e[0] - e[2]).abs().max() > 0.1
+    # and the training loop explores with it
+    env = EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False, "max_steps": 50})
+    cfg = residual_ppo.ResidualPPOConfig(env=env, residual=ResidualConfig(inputs=["state"], hidden=[16], log_std=-1.0),
+                                         total_env_steps=16, num_envs=2, num_steps=8, update_epochs=1, eval_episodes=1,
+                                         eval_envs=1, state_noise=True, noise_hold=50, out_dir=str(tmp_path / "ppo"),
+                                         progress=False)
+    summary = residual_ppo.train(cfg, log=lambda s: None)
+    assert isinstance(load_any_policy(summary["checkpoint"]), ResidualPolicy)
+
+
 def test_chunk_actor_predicts_chunks_round_trips_and_runs_in_eval(tmp_path):
     with pytest.raises(PolicyError, match="without a base"):
         ResidualPolicy(ResidualConfig(chunk=4), LOW, HIGH, base=tiny_base())

@@ -76,9 +76,27 @@ class ResidualPPOConfig(ResidualRunConfig):
     of a chunk) moves the arm coherently; on the state-based PickPlace base it did worse than
     per-step noise (README, refinement table)."""
 
+    state_noise: bool = False
+    """State-dependent exploration (gSDE, Raffin et al. 2022): each env's noise is a random linear
+    function of the actor's last hidden features, ``eps = W z(x) / |z(x)|`` with ``W`` drawn
+    afresh every ``noise_hold`` steps (e.g. 200: once per episode). For any one state it is the
+    same standard normal as per-step noise, so the likelihood is unchanged; along an episode it
+    varies with the state instead of independently every step, so a correction explored near the
+    grasp holds while the arm is near the grasp, and differs from the one explored while carrying."""
+
     def __post_init__(self):
         if self.noise_hold < 1:
             raise ValueError(f"noise_hold must be >= 1, got {self.noise_hold}")
+
+
+@torch.no_grad()
+def state_noise(policy: ResidualPolicy, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Standard-normal exploration draws ``(N, A)`` for normalized inputs ``x (N, D_in)`` as a fixed
+    linear function ``weights (N, H, A)`` of the actor's unit-norm last hidden features
+    (``state_noise``): for one state and random weights each column is N(0, 1)."""
+    z = policy.actor[:-1](x)
+    z = z / z.norm(dim=1, keepdim=True).clamp_min(1e-8)
+    return torch.einsum("nh,nha->na", z, weights)
 
 
 def env_kwargs(cfg: ResidualRunConfig) -> dict:
@@ -159,6 +177,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     dec_buf = torch.zeros(T, n)  # 1 where the residual decided (every step, or each chunk's first)
     scaler = RewardScaler(n, cfg.gamma, cfg.reward_clip)
     noise = torch.zeros(n, a_dim)
+    weights = torch.zeros(n, policy.actor[-1].in_features, a_dim)  # state_noise: each env's W
     since = np.zeros(n, dtype=np.int64)  # steps since each env's noise was drawn (0: draw now)
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
     policy.reset()
@@ -175,7 +194,11 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                     x = policy.norm(x)
                     dist = policy.dist(x)
                     fresh = torch.as_tensor(since % cfg.noise_hold == 0)
-                    noise[fresh] = torch.randn(int(fresh.sum()), a_dim)
+                    if cfg.state_noise:
+                        weights[fresh] = torch.randn(int(fresh.sum()), *weights.shape[1:])
+                        noise = state_noise(policy, x, weights)
+                    else:
+                        noise[fresh] = torch.randn(int(fresh.sum()), a_dim)
                     since += 1
                     r = policy.hold(dist.sample(noise))  # decision: chunk — held between decisions
                     action = policy.env_action(base_norm, r)
