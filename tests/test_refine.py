@@ -239,6 +239,18 @@ def test_a_tcp_residual_moves_the_commanded_tool_point_by_its_offset_in_metres()
     spread = torch.distributions.Normal(mus, torch.full_like(mus, float(np.exp(-1.0))))
     policy.log_prob(spread, torch.zeros(4001, 6), base_norm[:1].expand(4001, -1)).sum().backward()
     assert torch.isfinite(mus.grad).all()
+    # with a bound the offset has that box: beyond it a sample executes at it and scores by the tail mass
+    bounded = ResidualPolicy(dataclasses.replace(cfg, bound=2.0), low, high, base=base)
+    out, at = torch.zeros(1, 6), torch.zeros(1, 6)
+    out[0, 0], at[0, 0] = 5.0, 2.0
+    np.testing.assert_allclose(bounded.env_action(base_norm[:1], out).numpy(), bounded.env_action(base_norm[:1], at).numpy())
+    assert not np.allclose(policy.env_action(base_norm[:1], out).numpy(), policy.env_action(base_norm[:1], at).numpy())
+    d = bounded.dist(torch.zeros(1, bounded.norm.mean.shape[0]))  # mean 0, std e^-1
+    tail = torch.special.log_ndtr(torch.tensor(-2.0 / float(np.exp(-1.0))))
+    inside = torch.distributions.Normal(0.0, float(np.exp(-1.0))).log_prob(torch.tensor(0.0))
+    # only dimension 0 differs from the all-zero sample: its density at 0 becomes the mass beyond 2
+    torch.testing.assert_close(bounded.log_prob(d, out, base_norm[:1]) - bounded.log_prob(d, torch.zeros(1, 6), base_norm[:1]),
+                               (tail - inside)[None])
     with pytest.raises(PolicyError, match="needs a base"):
         ResidualPolicy(ResidualConfig(inputs=["state"], tcp="so101"), low, high, state_dim=6)
     with pytest.raises(PolicyError, match="5 joints"):

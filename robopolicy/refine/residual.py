@@ -98,7 +98,9 @@ class ResidualConfig:
     bound: float = 0.0
     """Clamp the residual to ±this (residual units, before ``scale``) in ``predict`` and in residual
     TD3's training, which needs it > 0 (its critics only see residuals within it). 0: no clamp,
-    as residual PPO trains (its samples are clipped by the action box, see ``log_prob``)."""
+    as residual PPO trains (its samples are clipped by the action box, see ``log_prob``). With
+    ``tcp``, the tool-point offset has no box of its own: ``bound`` > 0 is its box, in training as
+    well (an offset beyond it executes at it, and PPO scores such a sample by the tail mass)."""
     switch_dims: list[int] = field(default_factory=list)
     """Action dimensions the residual switches instead of shifting (with a base only), e.g. ``[5]``
     for an arm's gripper. For each, the residual picks one of three settings per decision: keep the
@@ -455,7 +457,8 @@ class ResidualPolicy(nn.Module):
     def _tcp_shift(self, action: torch.Tensor, base_norm: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``action (B, A)`` with the first four joints moved so that the tool-centre point of the
         base's command moves by ``scale * residual[:, :3]`` metres (``residual.tcp``)."""
-        delta = (self.step_scale[:3] * residual[:, :3]).detach().cpu().double().numpy()
+        offset = self.bounded(residual[:, :3])
+        delta = (self.step_scale[:3] * offset).detach().cpu().double().numpy()
         rows = np.flatnonzero(np.abs(delta).sum(1) > 0)
         if len(rows) == 0:
             return action
@@ -506,9 +509,13 @@ class ResidualPolicy(nn.Module):
         # computed at 0 and discarded. A far bound instead (the tail at ~-1e6 sigma) is not safe:
         # log_ndtr's float32 gradient there is NaN for some arguments, and torch.where passes a
         # discarded branch's NaN on (0 * NaN)
-        boxed = (scale > 0) & ~self.tcp_dims.repeat(k).expand_as(r)  # a tcp offset has no box of its own
+        tcp = self.tcp_dims.repeat(k).expand_as(r) & (scale > 0)
+        boxed = (scale > 0) & ~tcp  # a tcp offset has no box of its own, unless ``bound`` gives it one
         safe = scale.clamp(min=1e-12)
         lo, hi = (-1.0 - base) / safe, (1.0 - base) / safe
+        if self.config.bound > 0:
+            boxed = boxed | tcp
+            lo, hi = torch.where(tcp, -self.config.bound, lo), torch.where(tcp, self.config.bound, hi)
         mu, std = dist.mean, dist.stddev
         upper = torch.special.log_ndtr(torch.where(boxed, (mu - hi) / std, 0.0))  # log P(sample >= hi)
         lower = torch.special.log_ndtr(torch.where(boxed, (lo - mu) / std, 0.0))  # log P(sample <= lo)
