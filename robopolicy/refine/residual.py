@@ -505,7 +505,7 @@ class ResidualPolicy(nn.Module):
         k = self.config.chunk
         base = torch.zeros_like(r) if base_norm is None else base_norm.repeat(1, k)
         scale = self.step_scale.repeat(k).expand_as(r)
-        # a dimension with scale 0 (or a tcp offset) has no bound on its sample: its tail terms are
+        # a dimension with scale 0 (or a tcp offset without ``bound``) has no bound on its sample: its tail terms are
         # computed at 0 and discarded. A far bound instead (the tail at ~-1e6 sigma) is not safe:
         # log_ndtr's float32 gradient there is NaN for some arguments, and torch.where passes a
         # discarded branch's NaN on (0 * NaN)
