@@ -658,7 +658,7 @@ def test_state_noise_is_standard_normal_per_state_and_a_fixed_function_of_the_st
     e = residual_ppo.state_noise(policy, states, w)
     np.testing.assert_allclose(residual_ppo.state_noise(policy, states, w).numpy(), e.numpy())
     assert (e[0] - e[1]).abs().max() < 0.05 and (e[0] - e[2]).abs().max() > 0.1
-    # and the training loop explores with it
+    # and the training loop runs with it and saves a loadable checkpoint
     env = EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False, "max_steps": 50})
     cfg = residual_ppo.ResidualPPOConfig(env=env, residual=ResidualConfig(inputs=["state"], hidden=[16], log_std=-1.0),
                                          total_env_steps=16, num_envs=2, num_steps=8, update_epochs=1, eval_episodes=1,
