@@ -970,6 +970,51 @@ def test_residual_ppo_with_chunk_decisions_learns_a_task_with_a_known_answer(tmp
         out_dir=str(tmp_path / "ppo"), progress=False)
     summary = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
     assert summary["before"] <= 0.1 and summary["after"] >= 0.8
+    # a second stage started from this residual starts where it ended, not at the base
+    cfg.init_residual, cfg.total_env_steps, cfg.out_dir = summary["checkpoint"], 512, str(tmp_path / "stage2")
+    again = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
+    assert again["before"] == summary["after"]
+
+
+def test_a_second_stage_starts_from_the_saved_residual_with_its_own_schedules(tmp_path):
+    """``init_residual`` copies a saved residual's actor, critic and input statistics (the log-std
+    is the new run's), refuses one of another architecture or over another base; ``final_log_std``
+    lowers the exploration linearly over the run."""
+    from robopolicy.refine import residual_ppo
+    from robopolicy.refine.residual import init_from
+
+    res = ResidualConfig(inputs=["state", "base_action"], hidden=[32], log_std=-0.5, scale=1.0)
+    cfg = residual_ppo.ResidualPPOConfig(
+        env=EnvConfig("robopolicy/PointReach-v0"), reward="dense", residual=res, total_env_steps=1024, num_envs=2,
+        num_steps=128, eval_every=1024, eval_episodes=2, eval_envs=1, anneal_lr=True, final_log_std=-1.5,
+        out_dir=str(tmp_path / "one"), progress=False)
+    first = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
+    saved = load_any_policy(first["checkpoint"])
+    # four updates, the last one after 768 of 1024 steps: -0.5 + 0.75 * (-1.5 - -0.5)
+    np.testing.assert_allclose(saved.log_std.detach().numpy(), [-1.25, -1.25], atol=1e-6)
+    assert saved.actor[-1].weight.abs().max() > 0  # it moved off the zero residual
+
+    fresh = residual_ppo.build_policy(cfg, base=point_teacher())
+    init_from(fresh, first["checkpoint"], "init_residual")
+    np.testing.assert_allclose(fresh.log_std.detach().numpy(), [-0.5, -0.5])  # this run's exploration
+    obs = {"observation.state": np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)}
+    for p in (fresh, saved):
+        p.reset()
+    torch.testing.assert_close(fresh.predict(obs), saved.predict(obs))
+    torch.testing.assert_close(fresh.norm.mean, saved.norm.mean)
+
+    cfg.init_residual = first["checkpoint"]
+    other = residual_ppo.build_policy(residual_ppo.ResidualPPOConfig(
+        env=cfg.env, residual=ResidualConfig(inputs=["state", "base_action"], hidden=[16])), base=point_teacher())
+    with pytest.raises(PolicyError, match=r"not a residual of this architecture \(hidden \[32\] vs \[16\]\)"):
+        residual_ppo.train(cfg, policy=other, log=lambda s: None)
+    moved = point_teacher()
+    with torch.no_grad():
+        next(moved.parameters()).add_(0.01)
+    with pytest.raises(PolicyError, match="learnt over another base"):
+        residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=moved), log=lambda s: None)
+    with pytest.raises(ValueError, match="learn_std"):
+        residual_ppo.ResidualPPOConfig(residual=ResidualConfig(learn_std=True), final_log_std=-2.0)
 
 
 def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_path):

@@ -624,6 +624,33 @@ class ResidualDist:
         return torch.distributions.Categorical(logits=self.logits).log_prob(choice).sum(-1)
 
 
+def init_from(policy: ResidualPolicy, directory: str | Path, option: str) -> None:
+    """Copy a saved residual's (or student's) actor, critic and input statistics into ``policy``,
+    keeping ``policy``'s own log-std (the new run's exploration). The saved one must have the same
+    architecture (inputs, hidden sizes, chunk, input sizes) and, over a base, the same base weights:
+    a residual learnt over one base means nothing over another. ``option`` names the setting in errors."""
+    saved = ResidualPolicy.load(directory)
+    mine, theirs = policy.config, saved.config
+    diff = [f for f in ("inputs", "hidden", "chunk") if getattr(mine, f) != getattr(theirs, f)]
+    what = ", ".join(f"{f} {getattr(theirs, f)} vs {getattr(mine, f)}" for f in diff)
+    if not what and (saved.base is None) != (policy.base is None):
+        what = "it has a base policy" if saved.base is not None else "it has no base policy"
+    if not what and saved.input_dims != policy.input_dims:
+        what = f"inputs {saved.input_dims} vs {policy.input_dims}"
+    if what:
+        role = "residual" if policy.base is not None else "student"
+        raise PolicyError(f"{option} {directory}: not a {role} of this architecture ({what})")
+    if policy.base is not None:
+        ours, theirs_base = policy.base.state_dict(), saved.base.state_dict()
+        same = ours.keys() == theirs_base.keys() and all(
+            ours[k].shape == theirs_base[k].shape and torch.equal(ours[k].cpu(), theirs_base[k].cpu()) for k in ours)
+        if not same:
+            raise PolicyError(f"{option} {directory}: its residual was learnt over another base policy "
+                              f"than this run's (the base weights differ)")
+    state = {k: v for k, v in saved.state_dict().items() if k != "log_std" and not k.startswith("base.")}
+    policy.load_state_dict(state, strict=False)
+
+
 def load_any_policy(directory: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     """Load a checkpoint directory of any kind: a residual / actor-critic checkpoint
     (``residual.yaml``), a perceive-then-act :class:`~robopolicy.models.modular.ModularPolicy`

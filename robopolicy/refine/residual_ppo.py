@@ -24,7 +24,7 @@ import torch
 from robopolicy.envs import EnvConfig
 from robopolicy.refine.common import (Curve, EvalResult, RefineRunOptions, RewardScaler, evaluate_success, gae,
                                       make_vector_envs, ppo_loss, single_spaces)
-from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy
+from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, init_from
 
 
 @dataclass
@@ -84,9 +84,25 @@ class ResidualPPOConfig(ResidualRunConfig):
     varies with the state instead of independently every step, so a correction explored near the
     grasp holds while the arm is near the grasp, and differs from the one explored while carrying."""
 
+    init_residual: str = ""
+    """A residual checkpoint to start from (e.g. an earlier run's ``best/``): its actor, critic and
+    input statistics. Its architecture and its base must be this run's; the log-std is
+    ``residual.log_std`` (a second stage can explore less). Empty: a fresh residual (zero output)."""
+    anneal_lr: bool = False
+    """Lower the actor's learning rate linearly to 0 over the run (the critic's stays), so the last
+    updates settle instead of moving a policy that is already good."""
+    final_log_std: float | None = None
+    """Lower the exploration linearly from ``residual.log_std`` to this log-std over the run (None:
+    fixed). The sampled policy pays for its noise (a 6 mm tool-point jitter costs PickPlace
+    grasps), and the advantage is judged on states that noise reached."""
+
     def __post_init__(self):
         if self.noise_hold < 1:
             raise ValueError(f"noise_hold must be >= 1, got {self.noise_hold}")
+        if self.final_log_std is not None and not np.isfinite(self.final_log_std):
+            raise ValueError(f"final_log_std must be finite, got {self.final_log_std}")
+        if self.final_log_std is not None and self.residual.learn_std:
+            raise ValueError("final_log_std schedules a fixed log-std: it cannot be used with residual.learn_std")
 
 
 @torch.no_grad()
@@ -158,9 +174,12 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
     policy = policy or build_policy(cfg)
+    if cfg.init_residual:
+        init_from(policy, cfg.init_residual, "init_residual")
     params = policy.trainable_parameters()
     opt_actor = torch.optim.Adam(params["actor"], lr=cfg.actor_lr, eps=1e-5)
     opt_critic = torch.optim.Adam(params["critic"], lr=cfg.critic_lr, eps=1e-5)
+    start_log_std = policy.log_std.detach().clone()
     curve = Curve(out, "curve")
     t0 = time.perf_counter()
 
@@ -186,6 +205,11 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
         while env_steps < cfg.total_env_steps:
+            done_frac = env_steps / cfg.total_env_steps
+            if cfg.anneal_lr:
+                opt_actor.param_groups[0]["lr"] = cfg.actor_lr * (1.0 - done_frac)
+            if cfg.final_log_std is not None:
+                policy.log_std.data.copy_(start_log_std + done_frac * (cfg.final_log_std - start_log_std))
             # ---- rollout: the base's queued action + a sampled residual on every step
             with torch.no_grad():
                 for t in range(T):

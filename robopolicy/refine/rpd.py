@@ -34,7 +34,7 @@ from robopolicy.eval.chunking import ChunkExecutor
 from robopolicy.refine.common import (Curve, RefineRunOptions, RewardScaler, evaluate_success, gae, make_vector_envs,
                                       ppo_loss, single_spaces)
 from robopolicy.models.policy import PolicyError
-from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, load_any_policy
+from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, init_from, load_any_policy
 
 
 @dataclass
@@ -115,7 +115,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                              state_dim=obs_space["observation.state"].shape[0],
                              env_state_dim=obs_space[ENV_STATE].shape[0] if privileged else 0)
     if cfg.init_student:
-        _init_from(student, cfg.init_student)
+        init_from(student, cfg.init_student, "init_student")
     teacher_wrap = ResidualPolicy(ResidualConfig(inputs=["base_action"]), act_space.low, act_space.high, base=teacher) \
         if not isinstance(teacher, ResidualPolicy) else teacher
     k = student.config.chunk
@@ -273,21 +273,6 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     summary["size_ratio"] = summary["teacher_params"] / summary["student_params"]
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
-
-
-def _init_from(student: ResidualPolicy, directory: str) -> None:
-    """Copy a saved student's actor, critic and input statistics into ``student`` (same
-    architecture), keeping ``student``'s own log-std."""
-    saved = ResidualPolicy.load(directory)
-    mine, theirs = student.config, saved.config
-    fields = ("inputs", "hidden", "chunk")
-    diff = [f for f in fields if getattr(mine, f) != getattr(theirs, f)]
-    if saved.base is not None or diff or saved.input_dims != student.input_dims:
-        what = ", ".join(f"{f} {getattr(theirs, f)} vs {getattr(mine, f)}" for f in diff) or \
-            ("it has a base policy" if saved.base is not None else f"inputs {saved.input_dims} vs {student.input_dims}")
-        raise PolicyError(f"init_student {directory}: not a student of this architecture ({what})")
-    state = {k: v for k, v in saved.state_dict().items() if k != "log_std"}
-    student.load_state_dict(state, strict=False)
 
 
 def _stepper(policy) -> tuple[Callable[[dict], np.ndarray], Callable[[list[int] | None], None]]:
