@@ -64,6 +64,11 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return out + list(args.overrides)
 
 
+def _steps_to(steps: int | None) -> str:
+    """A curve's first env-step count at a success level, for the summary line (0: it started there)."""
+    return "not reached" if steps is None else "already at the start" if steps == 0 else str(steps)
+
+
 def cmd_refine(args: argparse.Namespace) -> int:
     from robopolicy.config import load_config
     from robopolicy.models.policy import PolicyError
@@ -82,9 +87,9 @@ def cmd_refine(args: argparse.Namespace) -> int:
                 print("robopolicy refine: --method residual-ppo needs --base CKPT (or use --method ppo)")
                 return 2
             s = residual_ppo.train(cfg)
-            name = "base" if cfg.base else "untrained"
+            name = f"start ({cfg.init_residual})" if cfg.init_residual else "base" if cfg.base else "untrained"
             rows = [(name, s["before"]), ("after " + args.method, s["after"])]
-            extra = f"env steps to 80% success: {s['steps_to_80'] or 'not reached'}"
+            extra = f"env steps to 80% success: {_steps_to(s['steps_to_80'])}"
         elif args.method == "residual-td3":
             from robopolicy.refine import residual_td3
 
@@ -93,7 +98,7 @@ def cmd_refine(args: argparse.Namespace) -> int:
                 return 2
             s = residual_td3.train(cfg)
             rows = [("base", s["before"]), ("after residual-td3", s["after"])]
-            extra = (f"env steps to 80% success: {s['steps_to_80'] or 'not reached'}; "
+            extra = (f"env steps to 80% success: {_steps_to(s['steps_to_80'])}; "
                      f"{s['decisions']} decisions, {s['updates']} updates")
         elif args.method == "dagger":
             from robopolicy.refine import dagger
