@@ -627,11 +627,12 @@ class ResidualDist:
 def init_from(policy: ResidualPolicy, directory: str | Path, option: str) -> None:
     """Copy a saved residual's (or student's) actor, critic and input statistics into ``policy``,
     keeping ``policy``'s own log-std (the new run's exploration). The saved one must have the same
-    architecture (inputs, hidden sizes, chunk, input sizes) and, over a base, the same base weights:
-    a residual learnt over one base means nothing over another. ``option`` names the setting in errors."""
+    architecture (inputs, hidden sizes, chunk, tool-point mode, input sizes) and, over a base, the
+    same base weights: a residual learnt over one base means nothing over another. ``option`` names
+    the setting in errors."""
     saved = ResidualPolicy.load(directory)
     mine, theirs = policy.config, saved.config
-    diff = [f for f in ("inputs", "hidden", "chunk") if getattr(mine, f) != getattr(theirs, f)]
+    diff = [f for f in ("inputs", "hidden", "chunk", "tcp") if getattr(mine, f) != getattr(theirs, f)]
     what = ", ".join(f"{f} {getattr(theirs, f)} vs {getattr(mine, f)}" for f in diff)
     if not what and (saved.base is None) != (policy.base is None):
         what = "it has a base policy" if saved.base is not None else "it has no base policy"
