@@ -829,6 +829,38 @@ def test_ppo_from_scratch_learns_a_task_with_a_known_answer(tmp_path):
     assert summary["before"] <= 0.1 and summary["after"] >= 0.8
 
 
+def test_refine_saves_its_resolved_config_that_reruns_the_same_run(tmp_path, capsys):
+    """``robopolicy refine`` writes ``refine_config.yaml`` (config file + overrides + defaults) into
+    the run's directory; loaded back it is the same config, so a stage of a chain can be rerun. A
+    refused command line writes nothing."""
+    from robopolicy.cli import build_parser
+    from robopolicy.config import load_config, to_dict
+    from robopolicy.refine.residual_ppo import ResidualPPOConfig
+
+    src = tmp_path / "scratch.yaml"
+    src.write_text("residual: {inputs: [state], hidden: [16], log_std: -0.5}\nreward: dense\nnum_envs: 2\n")
+    out = tmp_path / "run"
+    argv = ["refine", "--method", "ppo", "--env", "robopolicy/PointReach-v0", "--config", str(src), "--out", str(out),
+            "--no-progress", "total_env_steps=512", "num_steps=128", "eval_every=512", "eval_episodes=2",
+            "eval_envs=1", "seed=7", "gamma=0.5"]
+    args = build_parser().parse_args(argv)
+    assert args.func(args) == 0
+    saved = out / "refine_config.yaml"
+    assert saved.read_text().startswith("# robopolicy refine --method ppo")
+    again = load_config(ResidualPPOConfig, saved)
+    expected = load_config(ResidualPPOConfig, src, ["env.id=robopolicy/PointReach-v0", f"out_dir={out}",
+                                                    "progress=false", *argv[-7:]])
+    assert to_dict(again) == to_dict(expected)
+    assert (again.seed, again.gamma, again.residual.hidden, again.num_steps) == (7, 0.5, [16], 128)
+    assert not list(out.glob(".*tmp*"))
+
+    refused = tmp_path / "refused"
+    args = build_parser().parse_args(["refine", "--method", "ppo", "--base", str(tmp_path / "ckpt"), "--env",
+                                      "robopolicy/PointReach-v0", "--out", str(refused)])
+    assert args.func(args) == 2
+    assert "drop --base" in capsys.readouterr().out and not refused.exists()
+
+
 def point_teacher(horizon: int = 8) -> Policy:
     """A chunk policy for PointReach that has learnt nothing: it stays where it is."""
     torch.manual_seed(0)

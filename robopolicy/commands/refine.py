@@ -10,8 +10,10 @@
     robopolicy refine --method rpd --base outputs/train/arm_reach/final --env robopolicy/ArmReach-v0 \\
         --config configs/refine/rpd_arm.yaml
 
-Each run writes ``<out>/curve.csv`` and ``curve.png`` (success vs env steps), ``summary.json``,
-the refined checkpoint ``<out>/final`` and prints a before / after table.
+Each run writes ``<out>/refine_config.yaml`` (the method and the resolved config, before it
+starts: a stage of a chain can be read back and rerun), ``<out>/curve.csv`` and ``curve.png``
+(success vs env steps), ``summary.json``, the refined checkpoint ``<out>/final`` and prints a
+before / after table.
 """
 
 from __future__ import annotations
@@ -64,6 +66,21 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return out + list(args.overrides)
 
 
+def save_resolved_config(method: str, cfg) -> str:
+    """``<out_dir>/refine_config.yaml``: every setting of the run as resolved (config
+    file, overrides, defaults), so ``robopolicy refine --method M --config <it>`` runs it again."""
+    import json
+
+    import yaml
+
+    from robopolicy.config import to_dict
+    from robopolicy.utils.files import atomic_write_text
+
+    text = (f"# robopolicy refine --method {method} --config <this file> runs it again\n"
+            + yaml.safe_dump(json.loads(json.dumps(to_dict(cfg))), sort_keys=False))
+    return str(atomic_write_text(f"{cfg.out_dir}/refine_config.yaml", text))
+
+
 def _steps_to(steps: int | None) -> str:
     """A curve's first env-step count at a success level, for the summary line (0: it started there)."""
     return "not reached" if steps is None else "already at the start" if steps == 0 else str(steps)
@@ -76,16 +93,20 @@ def cmd_refine(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     try:
         cfg = load_config(config_class(args.method), args.config, overrides)
+        needs_base = {"residual-ppo": "--method residual-ppo needs --base CKPT (or use --method ppo)",
+                      "residual-td3": "--method residual-td3 needs --base CKPT",
+                      "dagger": "--method dagger needs --base CKPT",
+                      "rpd": "--method rpd needs --base CKPT (the teacher)"}
+        if args.method == "ppo" and cfg.base:
+            print("robopolicy refine: --method ppo trains from scratch; drop --base (or use residual-ppo)")
+            return 2
+        if args.method in needs_base and not cfg.base:
+            print(f"robopolicy refine: {needs_base[args.method]}")
+            return 2
+        save_resolved_config(args.method, cfg)
         if args.method in ("residual-ppo", "ppo"):
             from robopolicy.refine import residual_ppo
 
-            if args.method == "ppo":
-                if cfg.base:
-                    print("robopolicy refine: --method ppo trains from scratch; drop --base (or use residual-ppo)")
-                    return 2
-            elif not cfg.base:
-                print("robopolicy refine: --method residual-ppo needs --base CKPT (or use --method ppo)")
-                return 2
             s = residual_ppo.train(cfg)
             name = f"start ({cfg.init_residual})" if cfg.init_residual else "base" if cfg.base else "untrained"
             rows = [(name, s["before"]), ("after " + args.method, s["after"])]
@@ -93,9 +114,6 @@ def cmd_refine(args: argparse.Namespace) -> int:
         elif args.method == "residual-td3":
             from robopolicy.refine import residual_td3
 
-            if not cfg.base:
-                print("robopolicy refine: --method residual-td3 needs --base CKPT")
-                return 2
             s = residual_td3.train(cfg)
             rows = [("base", s["before"]), ("after residual-td3", s["after"])]
             extra = (f"env steps to 80% success: {_steps_to(s['steps_to_80'])}; "
@@ -103,9 +121,6 @@ def cmd_refine(args: argparse.Namespace) -> int:
         elif args.method == "dagger":
             from robopolicy.refine import dagger
 
-            if not cfg.base:
-                print("robopolicy refine: --method dagger needs --base CKPT")
-                return 2
             s = dagger.train(cfg)
             rows = [("base", s["before"], s["before_metrics"]),
                     (f"after DAgger (filter {s['filter'] or 'off'})", s["after"], s["after_metrics"])]
@@ -119,9 +134,6 @@ def cmd_refine(args: argparse.Namespace) -> int:
         else:
             from robopolicy.refine import rpd
 
-            if not cfg.base:
-                print("robopolicy refine: --method rpd needs --base CKPT (the teacher)")
-                return 2
             s = rpd.train(cfg)
             rows = [("teacher", s["teacher_success"]), ("student before", s["student_before"]),
                     ("student after", s["student_after"])]

@@ -30,3 +30,17 @@ def atomic_directory(directory: str | Path) -> Iterator[Path]:
         os.rename(directory, old)
     os.rename(tmp, directory)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file beside it and a rename: a reader sees the old
+    file or the whole new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
