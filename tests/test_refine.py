@@ -861,6 +861,58 @@ def test_refine_saves_its_resolved_config_that_reruns_the_same_run(tmp_path, cap
     assert "drop --base" in capsys.readouterr().out and not refused.exists()
 
 
+def test_stages_chain_runs_each_from_the_last_and_goes_on_after_a_stop(tmp_path, monkeypatch, capsys):
+    """``stages``: stage 2 is stage 1's config with its changes, started from stage 1's final
+    residual; the chain's curve runs over both; a rerun skips finished stages, refuses a finished
+    stage of other settings, and a bad stage fails before anything runs."""
+    from robopolicy.config import ConfigError, load_config
+    from robopolicy.refine import residual_ppo, stages
+
+    def chain(**stage2):
+        return residual_ppo.ResidualPPOConfig(
+            env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
+            residual=ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5), total_env_steps=1024, num_envs=2,
+            num_steps=256, eval_every=512, eval_episodes=8, eval_envs=1, out_dir=str(tmp_path / "chain"),
+            progress=False, stages=[{"total_env_steps": 512, "actor_lr": 1e-4, "residual": {"log_std": -1.0},
+                                     **stage2}])
+
+    cfg = chain()
+    with pytest.raises(ConfigError, match="runs through robopolicy.refine.stages"):
+        residual_ppo.train(cfg, log=lambda s: None)
+    for bad, match in (({"out_dir": "x"}, r"stage 2 \(stages\[0\]\): 'out_dir' is set by the chain"),
+                       ({"residual": {"hiden": [8]}}, r"stage 2 \(stages\[0\]\): unknown key 'residual.hiden'")):
+        with pytest.raises(ConfigError, match=match):
+            stages.train(chain(**bad), "ppo", log=lambda s: None)
+        assert not (tmp_path / "chain" / "stage1").exists()
+
+    lines = []
+    result = stages.train(cfg, "ppo", log=lines.append)
+    one, two = result["stages"]
+    second = load_config(residual_ppo.ResidualPPOConfig, tmp_path / "chain" / "stage2" / "refine_config.yaml")
+    assert second.init_residual == one["checkpoint"] == str(tmp_path / "chain" / "stage1" / "final")
+    assert (second.actor_lr, second.residual.log_std, second.residual.hidden, second.total_env_steps) == \
+        (1e-4, -1.0, [32], 512)
+    assert two["before"] == one["after"]  # the same residual on the same evaluation seeds
+    assert (result["before"], result["after"], result["env_steps"]) == (one["before"], two["after"], 1024 + 512)
+    rows = list(csv.DictReader(open(tmp_path / "chain" / "curve.csv")))
+    assert [(int(r["env_steps"]), int(r["stage"])) for r in rows] == [(0, 1), (512, 1), (1024, 1), (1536, 2)]
+    assert sum("finished already" in line for line in lines) == 0
+
+    monkeypatch.setattr(residual_ppo, "train", lambda *a, **k: pytest.fail("a finished stage ran again"))
+    lines.clear()
+    again = stages.train(cfg, "ppo", log=lines.append)
+    assert again["after"] == result["after"] and sum("finished already" in line for line in lines) == 2
+    from robopolicy.cli import build_parser
+
+    args = build_parser().parse_args(["refine", "--method", "ppo", "--config",
+                                      str(tmp_path / "chain" / "refine_config.yaml")])
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out
+    assert f"| after stage 2 (512 env steps; {two['checkpoint']}) | {100 * two['after']:.1f}% |" in printed
+    with pytest.raises(ConfigError, match="stage2 holds a finished run with other settings"):
+        stages.train(chain(gamma=0.5), "ppo", log=lambda s: None)
+
+
 def point_teacher(horizon: int = 8) -> Policy:
     """A chunk policy for PointReach that has learnt nothing: it stays where it is."""
     torch.manual_seed(0)

@@ -66,21 +66,6 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return out + list(args.overrides)
 
 
-def save_resolved_config(method: str, cfg) -> str:
-    """``<out_dir>/refine_config.yaml``: every setting of the run as resolved (config
-    file, overrides, defaults), so ``robopolicy refine --method M --config <it>`` runs it again."""
-    import json
-
-    import yaml
-
-    from robopolicy.config import to_dict
-    from robopolicy.utils.files import atomic_write_text
-
-    text = (f"# robopolicy refine --method {method} --config <this file> runs it again\n"
-            + yaml.safe_dump(json.loads(json.dumps(to_dict(cfg))), sort_keys=False))
-    return str(atomic_write_text(f"{cfg.out_dir}/refine_config.yaml", text))
-
-
 def _steps_to(steps: int | None) -> str:
     """A curve's first env-step count at a success level, for the summary line (0: it started there)."""
     return "not reached" if steps is None else "already at the start" if steps == 0 else str(steps)
@@ -103,13 +88,23 @@ def cmd_refine(args: argparse.Namespace) -> int:
         if args.method in needs_base and not cfg.base:
             print(f"robopolicy refine: {needs_base[args.method]}")
             return 2
-        save_resolved_config(args.method, cfg)
+        from robopolicy.refine.common import save_run_config
+
+        save_run_config(args.method, cfg)
         if args.method in ("residual-ppo", "ppo"):
             from robopolicy.refine import residual_ppo
 
-            s = residual_ppo.train(cfg)
             name = f"start ({cfg.init_residual})" if cfg.init_residual else "base" if cfg.base else "untrained"
-            rows = [(name, s["before"]), ("after " + args.method, s["after"])]
+            if cfg.stages:
+                from robopolicy.refine import stages
+
+                s = stages.train(cfg, args.method)
+                rows = [(name, s["before"])] + [
+                    (f"after stage {st['stage']} ({st['env_steps']} env steps; {st['checkpoint']})", st["after"])
+                    for st in s["stages"]]
+            else:
+                s = residual_ppo.train(cfg)
+                rows = [(name, s["before"]), ("after " + args.method, s["after"])]
             extra = f"env steps to 80% success: {_steps_to(s['steps_to_80'])}"
         elif args.method == "residual-td3":
             from robopolicy.refine import residual_td3

@@ -409,6 +409,22 @@ def _episode_summary(final_info: dict, i: int) -> dict:
     return out
 
 
+def save_run_config(method: str, cfg) -> Path:
+    """``<out_dir>/refine_config.yaml``: every setting of a run as resolved (config file, overrides,
+    defaults), so ``robopolicy refine --method M --config <it>`` runs it again. Written whole or
+    not at all, before the run starts."""
+    import json
+
+    import yaml
+
+    from robopolicy.config import to_dict
+    from robopolicy.utils.files import atomic_write_text
+
+    text = (f"# robopolicy refine --method {method} --config <this file> runs it again\n"
+            + yaml.safe_dump(json.loads(json.dumps(to_dict(cfg))), sort_keys=False))
+    return atomic_write_text(Path(cfg.out_dir) / "refine_config.yaml", text)
+
+
 class Curve:
     """Success vs environment steps, written as CSV and PNG."""
 

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from robopolicy.config import ConfigError
 from robopolicy.envs import EnvConfig
 from robopolicy.refine.common import (Curve, EvalResult, RefineRunOptions, RewardScaler, evaluate_success, gae,
                                       make_vector_envs, ppo_loss, single_spaces)
@@ -96,6 +97,12 @@ class ResidualPPOConfig(ResidualRunConfig):
     fixed). The sampled policy pays for its noise (a 6 mm tool-point jitter costs PickPlace
     grasps), and the advantage is judged on states that noise reached."""
 
+    stages: list[dict] = field(default_factory=list)
+    """Later stages of one command (see :mod:`~robopolicy.refine.stages`): each a mapping of the
+    settings that differ from this config, e.g. ``{total_env_steps: 600000, actor_lr: 2.0e-4}``.
+    Stage k+1 starts from stage k's final residual (``init_residual``); the stages write to
+    ``<out_dir>/stage1``, ``stage2``, ... and the chain's curve and summary to ``out_dir``."""
+
     def __post_init__(self):
         if self.noise_hold < 1:
             raise ValueError(f"noise_hold must be >= 1, got {self.noise_hold}")
@@ -167,6 +174,10 @@ def periodic_evaluation(policy: ResidualPolicy, cfg: ResidualRunConfig, curve: C
 def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Callable[[str], None] = print) -> dict:
     """Run residual PPO; returns a summary (before / after success, steps to 80%, paths)."""
     from tqdm import tqdm
+
+    if cfg.stages:
+        raise ConfigError("a config with stages runs through robopolicy.refine.stages.train (robopolicy refine "
+                          "does), which trains each stage with this function")
 
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
