@@ -10,8 +10,9 @@
     robopolicy refine --method rpd --base outputs/train/arm_reach/final --env robopolicy/ArmReach-v0 \\
         --config configs/refine/rpd_arm.yaml
 
-Each run writes ``<out>/refine_config.yaml`` (the method and the resolved config, before it
-starts: a stage of a chain can be read back and rerun), ``<out>/curve.csv`` and ``curve.png``
+Each run writes ``<out>/refine_config.yaml`` (the resolved config, the method in its first line,
+before the run starts: a run can be read back and rerun; with ``stages``, see
+:mod:`robopolicy.refine.stages`), ``<out>/curve.csv`` and ``curve.png``
 (success vs env steps), ``summary.json``, the refined checkpoint ``<out>/final`` and prints a
 before / after table.
 """
