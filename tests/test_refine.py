@@ -903,9 +903,10 @@ def test_stages_chain_runs_each_from_the_last_and_goes_on_after_a_stop(tmp_path,
     again = stages.train(cfg, "ppo", log=lines.append)
     assert again["after"] == result["after"] and sum("finished already" in line for line in lines) == 2
     from robopolicy.cli import build_parser
+    from robopolicy.refine.common import save_run_config
 
-    args = build_parser().parse_args(["refine", "--method", "ppo", "--config",
-                                      str(tmp_path / "chain" / "refine_config.yaml")])
+    chain_yaml = save_run_config("ppo", cfg)  # what the command saves of the chain, here run by the command
+    args = build_parser().parse_args(["refine", "--method", "ppo", "--config", str(chain_yaml)])
     assert args.func(args) == 0
     printed = capsys.readouterr().out
     assert f"| after stage 2 (512 env steps; {two['checkpoint']}) | {100 * two['after']:.1f}% |" in printed

@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 
 METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "rpd")
+NEEDS_BASE = {"residual-ppo": " (or use --method ppo)", "residual-td3": "", "dagger": "", "rpd": " (the teacher)"}
+"""The methods that refine (or distil) a checkpoint given by --base, and what their error adds."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,15 +81,11 @@ def cmd_refine(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     try:
         cfg = load_config(config_class(args.method), args.config, overrides)
-        needs_base = {"residual-ppo": "--method residual-ppo needs --base CKPT (or use --method ppo)",
-                      "residual-td3": "--method residual-td3 needs --base CKPT",
-                      "dagger": "--method dagger needs --base CKPT",
-                      "rpd": "--method rpd needs --base CKPT (the teacher)"}
         if args.method == "ppo" and cfg.base:
             print("robopolicy refine: --method ppo trains from scratch; drop --base (or use residual-ppo)")
             return 2
-        if args.method in needs_base and not cfg.base:
-            print(f"robopolicy refine: {needs_base[args.method]}")
+        if args.method in NEEDS_BASE and not cfg.base:
+            print(f"robopolicy refine: --method {args.method} needs --base CKPT{NEEDS_BASE[args.method]}")
             return 2
         from robopolicy.refine.common import save_run_config
 

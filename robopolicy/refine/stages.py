@@ -19,7 +19,7 @@ stopped goes on from its last finished stage; a directory holding a finished run
 settings is refused (choose another ``out_dir``). The chain writes ``out_dir/curve.csv`` and
 ``curve.png`` (every stage's evaluations over the chain's env steps, with a ``stage`` column),
 ``out_dir/summary.json`` (each stage's summary and the chain's before, after, env steps, steps to
-80%) and ``out_dir/refine_config.yaml`` (the chain's config).
+80%); ``robopolicy refine`` writes the chain's own ``out_dir/refine_config.yaml`` as for any run.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def stage_configs(cfg: residual_ppo.ResidualPPOConfig) -> list[residual_ppo.Resi
     root = Path(cfg.out_dir)
     configs, start = [], cfg.init_residual
     for k, change in enumerate([{}, *cfg.stages], start=1):
-        where = f"stage {k} (stages[{k - 2}])"
+        where = f"stage {k} (stages[{k - 2}])" if k > 1 else "stage 1 (the config itself)"
         if not isinstance(change, Mapping):
             raise ConfigError(f"{where}: a stage is a mapping of the settings it changes, got {change!r}")
         named = [key for key in CHAIN_KEYS if key in change]
@@ -74,13 +74,11 @@ def finished(cfg: residual_ppo.ResidualPPOConfig) -> dict | None:
     return json.loads(summary.read_text())
 
 
-def train(cfg: residual_ppo.ResidualPPOConfig, method: str = "residual-ppo", log: Callable[[str], None] = print,
-          policy_factory: Callable[[residual_ppo.ResidualPPOConfig], object] | None = None) -> dict:
+def train(cfg: residual_ppo.ResidualPPOConfig, method: str = "residual-ppo", log: Callable[[str], None] = print) -> dict:
     """Run the chain's stages in order (see the module docstring) and return the chain's summary.
-    ``policy_factory(stage_cfg)``: the policy a stage trains (default: built from its config)."""
+    ``method`` (``residual-ppo`` or ``ppo``) heads each stage's saved config."""
     configs = stage_configs(cfg)
     root = Path(cfg.out_dir)
-    save_run_config(method, cfg)
     t0 = time.perf_counter()
     chain = Curve(root, "curve")
     summaries, offset = [], 0
@@ -92,8 +90,7 @@ def train(cfg: residual_ppo.ResidualPPOConfig, method: str = "residual-ppo", log
             log(f"[stages] stage {k}/{len(configs)}: {stage.total_env_steps} env steps"
                 f"{f' from {stage.init_residual}' if stage.init_residual else ''} -> {stage.out_dir}")
             save_run_config(method, stage)
-            policy = policy_factory(stage) if policy_factory else None
-            summary = residual_ppo.train(stage, policy=policy, log=log)
+            summary = residual_ppo.train(stage, log=log)
         with open(Path(stage.out_dir) / "curve.csv", newline="") as f:
             rows = list(csv.DictReader(f))
         for i, row in enumerate(rows):
