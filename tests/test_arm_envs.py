@@ -502,3 +502,27 @@ def test_pickplace_staged_reward_ranks_the_phases_of_a_pick():
     assert -1.0 <= r <= 0.0
     with pytest.raises(ValueError, match="reward"):
         ArmPickPlaceEnv(reward="sparse")
+
+
+def test_pickplace_progress_reward_is_the_step_change_of_the_staged_terms():
+    """reward="progress": on the same actions, each step pays what the staged terms' average changed
+    by on it (staged's reward + 1, bonus aside), counted from the reset's state; a reset starts it
+    afresh."""
+    staged = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged")
+    progress = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="progress")
+    rng = np.random.default_rng(0)
+    paid = []
+    for seed in (3, 4):
+        staged.reset(seed=seed)
+        progress.reset(seed=seed)
+        last = staged._evaluate()[1] + 1.0  # the staged average at the reset (no success there)
+        for _ in range(40):
+            q = staged.data.qpos[staged._arm_qadr] + rng.normal(0.0, 0.05, 5)
+            a = np.clip(np.append(q, 1.0), staged.action_space.low, staged.action_space.high)
+            _, r_s, *_ = staged.step(a)
+            _, r_p, *_ = progress.step(a)
+            now = r_s + 1.0
+            assert r_p == pytest.approx(now - last, abs=1e-9)
+            paid.append(r_p)
+            last = now
+    assert np.abs(paid).max() > 1e-3  # the arm moved: the reach term changed

@@ -593,6 +593,9 @@ class ArmPickPlaceEnv(ArmEnv):
     it ``1 - tanh(10 * xy distance)``, counted only while the cube is held or already inside the
     bowl — then subtracts 1 (so every step before success costs, and finishing early never does)
     and adds 1 on success. Staged rewards a grasp that holds over one that only comes close.
+    "progress" pays the change of staged's average of terms since the last step (0 on the first),
+    plus the same 1 on success: a shaping of staged by its own potential, whose per-step
+    value no longer carries the level the state was already at, only what the step changed.
     """
 
     TASK = "pickplace"
@@ -607,7 +610,8 @@ class ArmPickPlaceEnv(ArmEnv):
         self.num_cubes = _check_int("num_cubes", num_cubes, 1, 4)
         self.num_targets = _check_int("num_bowls", num_bowls, 1, 3)
         self.split = check_choice("split", split, ("train", "test", "all"))
-        self.reward_mode = check_choice("reward", reward, ("dense", "staged"))
+        self.reward_mode = check_choice("reward", reward, ("dense", "staged", "progress"))
+        self._potential = 0.0  # progress: the staged terms' average after the last step (or the reset)
         super().__init__(**kwargs)
 
     def _sample_colors(self, rng) -> None:
@@ -729,11 +733,16 @@ class ArmPickPlaceEnv(ArmEnv):
         success = dist < so101.BOWL_RADIUS - 0.012 and cube[2] < so101.CUBE_HALF + 0.006 and released
         reach = _dist(d.site_xpos[self._tcp], cube)
         bonus = 1.0 if success else 0.0
-        if self.reward_mode == "staged":
+        if self.reward_mode in ("staged", "progress"):
             held = cube[2] > so101.CUBE_HALF + 0.0075 and reach < 0.02
             place = 1.0 - math.tanh(10.0 * dist) if (held or dist < so101.BOWL_RADIUS) else 0.0
             staged = (1.0 - math.tanh(10.0 * reach) + float(held) + place) / 3.0
-            return success, staged - 1.0 + bonus, dist
+            if self.reward_mode == "staged":
+                return success, staged - 1.0 + bonus, dist
+            # progress: reset (and pose, which needs a reset before stepping) evaluate at step 0
+            change = 0.0 if self._steps == 0 else staged - self._potential
+            self._potential = staged
+            return success, change + bonus, dist
         # dense reward: reach the cube, bring it over the bowl (horizontal distance only, so lifting it
         # over the bowl's wall costs nothing), and the success bonus for letting go inside
         return success, -reach - 2.0 * dist + bonus, dist
