@@ -1061,6 +1061,64 @@ def test_residual_ppo_with_chunk_decisions_learns_a_task_with_a_known_answer(tmp
     assert again["before"] == summary["after"]
 
 
+def test_failure_replay_draws_recent_failed_layouts_at_its_rate():
+    from robopolicy.refine.residual_ppo import FailureReplay, ResidualPPOConfig
+
+    replay = FailureReplay(0.5, size=3, seed=0)
+    fresh = [replay.draw() for _ in range(50)]  # nothing failed yet: every layout is fresh
+    assert not any(r for _, r in fresh) and len({s for s, _ in fresh}) == 50
+    assert all(FailureReplay.FRESH_LOW <= s < FailureReplay.FRESH_HIGH for s, _ in fresh)
+    for seed in (1, 2, 3, 4):
+        replay.record(seed, success=False)
+    replay.record(5, success=True)
+    assert list(replay.failed) == [2, 3, 4]  # the most recent failures; a success is not kept
+    drawn = [replay.draw() for _ in range(40)]
+    replayed = [s for s, r in drawn if r]
+    assert sorted(replayed) == [2, 3, 4] and not replay.failed  # each taken out when drawn
+    replay.record(3, success=False)  # failed again: back in the pool
+    rate = []
+    for _ in range(400):
+        seed, again = replay.draw()
+        rate.append(again)
+        replay.record(seed, success=not again)  # a replayed layout keeps failing
+    assert 0.4 < np.mean(rate) < 0.6
+    with pytest.raises(ValueError, match="replay_failures"):
+        ResidualPPOConfig(replay_failures=1.0)
+    with pytest.raises(ValueError, match="replay_size"):
+        ResidualPPOConfig(replay_failures=0.5, replay_size=0)
+
+
+def test_residual_ppo_replaying_failed_layouts_still_learns(tmp_path, monkeypatch):
+    """With replay_failures the loop resets the envs itself: the layouts it starts are the ones
+    replay draws, failed ones come back, and the residual still learns the known answer."""
+    from robopolicy.refine import residual_ppo
+
+    started, failed = [], []
+
+    class Logged(residual_ppo.FailureReplay):
+        def draw(self):
+            seed, again = super().draw()
+            started.append((seed, again))
+            return seed, again
+
+        def record(self, seed, success):
+            failed.extend([] if success else [seed])
+            super().record(seed, success)
+
+    monkeypatch.setattr(residual_ppo, "FailureReplay", Logged)
+    cfg = residual_ppo.ResidualPPOConfig(
+        env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
+        residual=ResidualConfig(inputs=["state", "base_action"], hidden=[64, 64], log_std=-0.5, scale=1.0,
+                                execute_steps=4, decision="chunk"),
+        total_env_steps=16_000, num_envs=2, num_steps=256, eval_every=16_000, eval_episodes=50, eval_envs=1,
+        replay_failures=0.5, out_dir=str(tmp_path / "ppo"), progress=False)
+    summary = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
+    assert summary["before"] <= 0.1 and summary["after"] >= 0.8
+    replayed = [s for s, again in started if again]
+    assert replayed and set(replayed) <= set(failed)
+    assert len(started) >= 2 + len(failed)  # every finished episode started another
+
+
 def test_a_second_stage_starts_from_the_saved_residual_with_its_own_schedules(tmp_path):
     """``init_residual`` copies a saved residual's actor, critic and input statistics (the log-std
     is the new run's), refuses one of another architecture or over another base; ``final_log_std``
