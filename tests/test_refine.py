@@ -1116,6 +1116,8 @@ def test_residual_ppo_replaying_failed_layouts_still_learns(tmp_path, monkeypatc
     assert summary["before"] <= 0.1 and summary["after"] >= 0.8
     replayed = [s for s, again in started if again]
     assert replayed and set(replayed) <= set(failed)
+    # the summary counts the replayed episodes that finished (those still running at the end are not)
+    assert 0 < summary["replayed_episodes"] <= len(replayed) <= summary["replayed_episodes"] + cfg.num_envs
     assert len(started) >= 2 + len(failed)  # every finished episode started another
 
 

@@ -258,7 +258,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
         row_seed, row_replayed = np.array(row_seed), np.array(row_replayed)
         obs, _ = envs.reset(seed=row_seed.tolist())
     policy.reset()
-    env_steps, next_eval, episodes = 0, cfg.eval_every, 0
+    env_steps, next_eval, episodes, replayed = 0, cfg.eval_every, 0, 0
     window_episodes, window_successes = 0, 0  # sampled training episodes since the last evaluation
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
@@ -306,6 +306,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                             window_episodes += len(fresh_rows)
                             window_successes += int(won_rows[fresh_rows].sum())
                             seeds: list[int | None] = [None] * n
+                            replayed += len(rows) - len(fresh_rows)
                             for i in rows:
                                 replay.record(int(row_seed[i]), bool(won_rows[i]))
                                 row_seed[i], row_replayed[i] = replay.draw()
@@ -352,7 +353,8 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                         opt_actor.step()
                     opt_critic.step()
                     stats.update(v_loss=v_loss.item(), epochs=actor_epochs)
-            bar.set_postfix(ep=episodes, train_sr=f"{window_successes / max(window_episodes, 1):.2f}",
+            bar.set_postfix(ep=episodes, **({"replayed": replayed} if replay else {}),
+                            train_sr=f"{window_successes / max(window_episodes, 1):.2f}",
                             **{k: round(v, 3) for k, v in stats.items()})
 
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
@@ -366,6 +368,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     policy.save(out / "final")
     summary = {"before": before.success, "after": after.success, "env_steps": env_steps,
                "steps_to_80": curve.steps_to(0.8), "seconds": time.perf_counter() - t0,
+               **({"replayed_episodes": replayed, "episodes": episodes} if replay else {}),
                "checkpoint": str(out / "final"), **curve.best_summary(),
                "curve_csv": str(out / "curve.csv"), "curve_png": str(out / "curve.png")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
