@@ -593,7 +593,7 @@ class ArmPickPlaceEnv(ArmEnv):
     it ``1 - tanh(10 * xy distance)``, counted only while the cube is held or already inside the
     bowl — then subtracts 1 (so every step before success costs, and finishing early never does)
     and adds 1 on success. Staged rewards a grasp that holds over one that only comes close.
-    "progress" pays the change of staged's average of terms since the last step (0 on the first),
+    "progress" pays the change of staged's average of terms since the step before (or the reset),
     plus the same 1 on success: a shaping of staged by its own potential, whose per-step
     value no longer carries the level the state was already at, only what the step changed.
     """
