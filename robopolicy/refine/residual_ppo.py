@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import gymnasium
 import numpy as np
 import torch
 
@@ -128,16 +130,18 @@ class ResidualPPOConfig(ResidualRunConfig):
 class FailureReplay:
     """The env seeds of the next training episodes: fresh ones (from ``[10^9, 2^31)``, clear of the
     evaluation seeds), or with probability ``p`` the seed of a recent failed episode (drawn at random
-    and taken out of the pool; a failure puts its seed back in)."""
+    and taken out of the pool; a failure puts its seed back in). :meth:`start` and :meth:`restart`
+    reset a vector env without autoreset with them and keep each env's current seed."""
 
     FRESH_LOW, FRESH_HIGH = 10**9, 2**31 - 1
 
     def __init__(self, p: float, size: int, seed: int):
-        from collections import deque
-
         self.p = p
         self.rng = np.random.default_rng(seed)
         self.failed: deque[int] = deque(maxlen=size)
+        self.row_seed: list[int] = []  # each env's current episode: its seed, and whether it is a replay
+        self.row_replayed: list[bool] = []
+        self.replayed = 0  # finished replayed episodes
 
     def draw(self) -> tuple[int, bool]:
         """``(seed, replayed)`` for one new episode."""
@@ -151,6 +155,26 @@ class FailureReplay:
     def record(self, seed: int, success: bool) -> None:
         if not success:
             self.failed.append(seed)
+
+    def start(self, envs: gymnasium.vector.VectorEnv) -> dict:
+        """Reset every env with a drawn seed; the observations."""
+        self.row_seed, self.row_replayed = map(list, zip(*(self.draw() for _ in range(envs.num_envs))))
+        obs, _ = envs.reset(seed=list(self.row_seed))
+        return obs
+
+    def restart(self, envs: gymnasium.vector.VectorEnv, rows: list[int], success: np.ndarray) -> dict:
+        """Record the finished ``rows`` (``success``: per env), reset them with new seeds; the
+        observations (the other rows' as they were)."""
+        seeds: list[int | None] = [None] * envs.num_envs
+        for i in rows:
+            self.replayed += int(self.row_replayed[i])
+            self.record(self.row_seed[i], bool(success[i]))
+            self.row_seed[i], self.row_replayed[i] = self.draw()
+            seeds[i] = self.row_seed[i]
+        mask = np.zeros(envs.num_envs, dtype=bool)
+        mask[rows] = True
+        obs, _ = envs.reset(seed=seeds, options={"reset_mask": mask})
+        return obs
 
 
 @torch.no_grad()
@@ -254,11 +278,9 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     if replay is None:
         obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
     else:  # the loop resets finished envs itself, with the layouts replay draws
-        row_seed, row_replayed = zip(*(replay.draw() for _ in range(n)))
-        row_seed, row_replayed = np.array(row_seed), np.array(row_replayed)
-        obs, _ = envs.reset(seed=row_seed.tolist())
+        obs = replay.start(envs)
     policy.reset()
-    env_steps, next_eval, episodes, replayed = 0, cfg.eval_every, 0, 0
+    env_steps, next_eval, episodes = 0, cfg.eval_every, 0
     window_episodes, window_successes = 0, 0  # sampled training episodes since the last evaluation
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
@@ -296,22 +318,14 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                         policy.reset(rows)
                         since[rows] = 0
                         episodes += len(rows)
-                        if replay is None:
-                            won = int(np.asarray(info["final_info"].get("is_success", np.zeros(n)))[rows].sum())
-                            window_episodes += len(rows)
-                            window_successes += won
-                        else:
-                            won_rows = np.asarray(info.get("is_success", np.zeros(n)), dtype=bool)
-                            fresh_rows = [i for i in rows if not row_replayed[i]]
-                            window_episodes += len(fresh_rows)
-                            window_successes += int(won_rows[fresh_rows].sum())
-                            seeds: list[int | None] = [None] * n
-                            replayed += len(rows) - len(fresh_rows)
-                            for i in rows:
-                                replay.record(int(row_seed[i]), bool(won_rows[i]))
-                                row_seed[i], row_replayed[i] = replay.draw()
-                                seeds[i] = int(row_seed[i])
-                            obs, _ = envs.reset(seed=seeds, options={"reset_mask": done})
+                        # the training success counts fresh layouts only
+                        ended = info["final_info"] if replay is None else info
+                        won = np.asarray(ended.get("is_success", np.zeros(n)), dtype=bool)
+                        fresh = [i for i in rows if replay is None or not replay.row_replayed[i]]
+                        window_episodes += len(fresh)
+                        window_successes += int(won[fresh].sum())
+                        if replay is not None:
+                            obs = replay.restart(envs, rows, won)
                 env_steps += T * n
                 bar.update(T * n)
                 x_last, _ = policy.residual_input(obs, peek=True)  # the next step acts on these queued actions
@@ -353,7 +367,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
                         opt_actor.step()
                     opt_critic.step()
                     stats.update(v_loss=v_loss.item(), epochs=actor_epochs)
-            bar.set_postfix(ep=episodes, **({"replayed": replayed} if replay else {}),
+            bar.set_postfix(ep=episodes, **({"replayed": replay.replayed} if replay else {}),
                             train_sr=f"{window_successes / max(window_episodes, 1):.2f}",
                             **{k: round(v, 3) for k, v in stats.items()})
 
@@ -368,7 +382,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     policy.save(out / "final")
     summary = {"before": before.success, "after": after.success, "env_steps": env_steps,
                "steps_to_80": curve.steps_to(0.8), "seconds": time.perf_counter() - t0,
-               **({"replayed_episodes": replayed, "episodes": episodes} if replay else {}),
+               **({"replayed_episodes": replay.replayed, "episodes": episodes} if replay else {}),
                "checkpoint": str(out / "final"), **curve.best_summary(),
                "curve_csv": str(out / "curve.csv"), "curve_png": str(out / "curve.png")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
