@@ -526,3 +526,29 @@ def test_pickplace_progress_reward_is_the_step_change_of_the_staged_terms():
             paid.append(r_p)
             last = now
     assert np.abs(paid).max() > 1e-3  # the arm moved: the reach term changed
+
+
+def test_pickplace_reach_sharpness_reshapes_only_the_staged_reaching_term():
+    """reach_sharpness replaces the staged reaching term's 10 (1/m): on the same actions the two
+    rewards differ by exactly (tanh(10 r) - tanh(k r)) / 3 at the tool point's distance r to the
+    cube; a bad value, or one with the dense reward, is refused."""
+    plain = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged")
+    sharp = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged", reach_sharpness=50.0)
+    rng = np.random.default_rng(1)
+    plain.reset(seed=5)
+    sharp.reset(seed=5)
+    gaps = []
+    for _ in range(30):
+        q = plain.data.qpos[plain._arm_qadr] + rng.normal(0.0, 0.05, 5)
+        a = np.clip(np.append(q, 1.0), plain.action_space.low, plain.action_space.high)
+        _, r_plain, *_ = plain.step(a)
+        _, r_sharp, *_ = sharp.step(a)
+        reach = np.linalg.norm(sharp.data.site_xpos[sharp._tcp] - sharp.data.xpos[sharp._cube_body[sharp.goal_cube]])
+        assert r_plain - r_sharp == pytest.approx((np.tanh(50.0 * reach) - np.tanh(10.0 * reach)) / 3.0, abs=1e-9)
+        gaps.append(r_plain - r_sharp)
+    assert max(gaps) > 1e-3  # the terms differ where the tool point is a few centimetres off
+    for bad in (0.0, -1.0, float("nan"), True, "10"):
+        with pytest.raises(ValueError, match="reach_sharpness"):
+            ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged", reach_sharpness=bad)
+    with pytest.raises(ValueError, match="dense"):
+        ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="dense", reach_sharpness=50.0)

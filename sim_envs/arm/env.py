@@ -596,6 +596,8 @@ class ArmPickPlaceEnv(ArmEnv):
     "progress" pays the change of staged's average of terms since the step before (or the reset),
     plus the same 1 on success: a shaping of staged by its own potential, whose per-step
     value no longer carries the level the state was already at, only what the step changed.
+    ``reach_sharpness`` (1/m, default 10) is the reaching term's ``10``: a larger one pays more for
+    the last millimetres, where a grasp deep around the cube and one on its edge differ.
     """
 
     TASK = "pickplace"
@@ -606,12 +608,18 @@ class ArmPickPlaceEnv(ArmEnv):
     )
 
     def __init__(self, num_cubes: int = 3, num_bowls: int = 3, split: str = "train", reward: str = "dense",
-                 **kwargs) -> None:
+                 reach_sharpness: float = 10.0, **kwargs) -> None:
         self.num_cubes = _check_int("num_cubes", num_cubes, 1, 4)
         self.num_targets = _check_int("num_bowls", num_bowls, 1, 3)
         self.split = check_choice("split", split, ("train", "test", "all"))
         self.reward_mode = check_choice("reward", reward, ("dense", "staged", "progress"))
         self._potential = 0.0  # progress: the staged terms' average after the last step (or the reset)
+        if isinstance(reach_sharpness, bool) or not isinstance(reach_sharpness, (int, float)) or not (
+                math.isfinite(reach_sharpness) and reach_sharpness > 0):
+            raise ValueError(f"reach_sharpness must be a finite number > 0 (1/m), got {reach_sharpness!r}")
+        if reach_sharpness != 10.0 and self.reward_mode == "dense":
+            raise ValueError("reach_sharpness shapes the staged and progress rewards; reward='dense' has no such term")
+        self.reach_sharpness = float(reach_sharpness)
         super().__init__(**kwargs)
 
     def _sample_colors(self, rng) -> None:
@@ -736,7 +744,7 @@ class ArmPickPlaceEnv(ArmEnv):
         if self.reward_mode in ("staged", "progress"):
             held = cube[2] > so101.CUBE_HALF + 0.0075 and reach < 0.02
             place = 1.0 - math.tanh(10.0 * dist) if (held or dist < so101.BOWL_RADIUS) else 0.0
-            staged = (1.0 - math.tanh(10.0 * reach) + float(held) + place) / 3.0
+            staged = (1.0 - math.tanh(self.reach_sharpness * reach) + float(held) + place) / 3.0
             if self.reward_mode == "staged":
                 return success, staged - 1.0 + bonus, dist
             # progress: reset (and pose, which needs a reset before stepping) evaluate at step 0
