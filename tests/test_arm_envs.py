@@ -552,3 +552,39 @@ def test_pickplace_reach_sharpness_reshapes_only_the_staged_reaching_term():
             ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged", reach_sharpness=bad)
     with pytest.raises(ValueError, match="dense"):
         ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="dense", reach_sharpness=50.0)
+
+
+def test_pickplace_align_weight_adds_the_tool_point_over_the_cube_term():
+    """align_weight w adds a term to staged's average: 1 - tanh(100 * xy distance of the tool point
+    from the goal cube) while the cube is on the table, 1 once it is lifted; w = 0 is staged itself.
+    Over the cube's centre the term pays more than 1 cm beside it at the same height."""
+    plain = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged")
+    zero = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged", align_weight=0.0)
+    w = 1.5
+    aligned = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged", align_weight=w)
+    rng = np.random.default_rng(2)
+    for env in (plain, zero, aligned):
+        env.reset(seed=6)
+    for _ in range(20):
+        q = plain.data.qpos[plain._arm_qadr] + rng.normal(0.0, 0.05, 5)
+        a = np.clip(np.append(q, 1.0), plain.action_space.low, plain.action_space.high)
+        _, r_plain, *_ = plain.step(a)
+        _, r_zero, *_ = zero.step(a)
+        _, r_aligned, *_ = aligned.step(a)
+        assert r_zero == r_plain
+        cube = aligned.data.xpos[aligned._cube_body[aligned.goal_cube]]
+        xy = np.linalg.norm(aligned.data.site_xpos[aligned._tcp][:2] - cube[:2])
+        align = 1.0 if cube[2] > 0.0075 + so101.CUBE_HALF else 1.0 - np.tanh(100.0 * xy)
+        assert r_aligned + 1.0 == pytest.approx((3.0 * (r_plain + 1.0) + w * align) / (3.0 + w), abs=1e-9)
+    # the same tool point height, over the cube's centre vs 1 cm beside it: the term tells them apart
+    cube = aligned.data.xpos[aligned._cube_body[aligned.goal_cube]].copy()
+    pays = []
+    for dx in (0.0, 0.01):
+        aligned.data.site_xpos[aligned._tcp] = cube + np.array([dx, 0.0, 0.03])
+        pays.append(aligned._evaluate()[1])
+    assert pays[0] > pays[1] + 0.05
+    for bad in (-0.5, float("inf"), True):
+        with pytest.raises(ValueError, match="align_weight"):
+            ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged", align_weight=bad)
+    with pytest.raises(ValueError, match="dense"):
+        ArmPickPlaceEnv(image_size=16, use_cameras=False, align_weight=1.0)

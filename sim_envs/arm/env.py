@@ -598,6 +598,11 @@ class ArmPickPlaceEnv(ArmEnv):
     value no longer carries the level the state was already at, only what the step changed.
     ``reach_sharpness`` (1/m, default 10) is the reaching term's ``10``: a larger one pays more for
     the last millimetres, where a grasp deep around the cube and one on its edge differ.
+    ``align_weight`` (default 0: off) adds to staged's (and progress') terms one more, of that
+    weight in the average: the tool point over the goal cube's centre, ``1 - tanh(100 * xy
+    distance)`` while the cube is on the table and 1 once it is lifted (so lifting never costs).
+    The 3-D reaching term is dominated by height on the descent, where the grasp's centring is
+    decided; this term pays for the centring there, millimetre by millimetre.
     """
 
     TASK = "pickplace"
@@ -608,7 +613,7 @@ class ArmPickPlaceEnv(ArmEnv):
     )
 
     def __init__(self, num_cubes: int = 3, num_bowls: int = 3, split: str = "train", reward: str = "dense",
-                 reach_sharpness: float = 10.0, **kwargs) -> None:
+                 reach_sharpness: float = 10.0, align_weight: float = 0.0, **kwargs) -> None:
         self.num_cubes = _check_int("num_cubes", num_cubes, 1, 4)
         self.num_targets = _check_int("num_bowls", num_bowls, 1, 3)
         self.split = check_choice("split", split, ("train", "test", "all"))
@@ -620,6 +625,12 @@ class ArmPickPlaceEnv(ArmEnv):
         if reach_sharpness != 10.0 and self.reward_mode == "dense":
             raise ValueError("reach_sharpness shapes the staged and progress rewards; reward='dense' has no such term")
         self.reach_sharpness = float(reach_sharpness)
+        if isinstance(align_weight, bool) or not isinstance(align_weight, (int, float)) or not (
+                math.isfinite(align_weight) and align_weight >= 0):
+            raise ValueError(f"align_weight must be a finite number >= 0, got {align_weight!r}")
+        if align_weight and self.reward_mode == "dense":
+            raise ValueError("align_weight adds a term to the staged and progress rewards; reward='dense' has none")
+        self.align_weight = float(align_weight)
         super().__init__(**kwargs)
 
     def _sample_colors(self, rng) -> None:
@@ -742,9 +753,15 @@ class ArmPickPlaceEnv(ArmEnv):
         reach = _dist(d.site_xpos[self._tcp], cube)
         bonus = 1.0 if success else 0.0
         if self.reward_mode in ("staged", "progress"):
-            held = cube[2] > so101.CUBE_HALF + 0.0075 and reach < 0.02
+            lifted = cube[2] > so101.CUBE_HALF + 0.0075
+            held = lifted and reach < 0.02
             place = 1.0 - math.tanh(10.0 * dist) if (held or dist < so101.BOWL_RADIUS) else 0.0
-            staged = (1.0 - math.tanh(self.reach_sharpness * reach) + float(held) + place) / 3.0
+            terms = 1.0 - math.tanh(self.reach_sharpness * reach) + float(held) + place
+            if self.align_weight:
+                tcp = d.site_xpos[self._tcp]
+                align = 1.0 if lifted else 1.0 - math.tanh(100.0 * _dist(tcp[:2], cube[:2]))
+                terms += self.align_weight * align
+            staged = terms / (3.0 + self.align_weight)
             if self.reward_mode == "staged":
                 return success, staged - 1.0 + bonus, dist
             # progress: reset (and pose, which needs a reset before stepping) evaluate at step 0
