@@ -43,7 +43,12 @@ without learning (comma-separated, applied on top of the policy's action):
   ``correct_range`` m).
 
 Every run also counts, among the ``dropped`` episodes, those whose cube was lifted for fewer than
-5 steps: knocked or tipped at the grasp rather than lost on the way.
+5 steps: knocked or tipped at the grasp rather than lost on the way. On a residual that moves the
+tool point (``residual.tcp``) it also measures how much of the ``center`` correction the residual
+makes by itself: over the steps where ``center`` would act on the base's command, the least-squares
+fit, per axis, of the residual's shift of the commanded tool point on the ``center`` rule's shift
+(the cube's xy minus the base command's, unclipped): a slope of 1 is the scripted rule, 0 no
+centring at all.
 """
 
 from __future__ import annotations
@@ -141,7 +146,8 @@ def main(argv: list[str]) -> int:
     env = make_refine_env(rcfg.env, **env_kwargs(rcfg))
     high = float(env.action_space.high[5])
     arm = None
-    if cfg.grasp_offsets or corrections:
+    centring = is_residual and bool(policy.config.tcp)
+    if cfg.grasp_offsets or corrections or centring:
         from sim_envs.arm.ik import ArmIK
 
         arm = ArmIK()
@@ -180,7 +186,7 @@ def main(argv: list[str]) -> int:
         obs, info = env.reset(seed=seed)
         policy.reset()
         max_z, term, trunc, release_now, decision, lifted_steps, t = 0.0, False, False, False, -1, 0, 0
-        over_decisions, p_open = [], []
+        over_decisions, p_open, centre = [], [], []
         while not (term or trunc):
             batch = {k: (torch.as_tensor(np.asarray(v))[None] if not isinstance(v, str) else [v]) for k, v in obs.items()}
             scene = np.asarray(obs["observation.environment_state"])
@@ -192,7 +198,14 @@ def main(argv: list[str]) -> int:
                 decides = bool(policy.decides[0])
                 if dist.logits is not None and 5 in policy.switch and over and decides:
                     p_open.append(float(dist.logits[0, policy.switch.index(5)].softmax(-1)[2]))
-                action = policy.env_action(base_norm, policy.hold(r)).numpy()[0]
+                held_r = policy.hold(r)
+                action = policy.env_action(base_norm, held_r).numpy()[0]
+                if centring and scene[5] < LIFTED:
+                    base = policy.env_action(base_norm, torch.zeros_like(held_r)).numpy()[0].astype(np.float64)
+                    cmd = arm.fk(base[:5])[0]
+                    if cmd[2] < scene[5] + 0.05 and np.linalg.norm(cmd[:2] - scene[3:5]) < 0.04:
+                        shift = arm.fk(action[:5].astype(np.float64))[0][:2] - cmd[:2]
+                        centre.append((scene[3:5] - cmd[:2], shift))
             if decides:
                 decision += 1
                 if over:
@@ -214,18 +227,21 @@ def main(argv: list[str]) -> int:
             lifted_steps += int(scene[5] > LIFTED)
         kind = classify(bool(info.get("is_success")), max_z, float(scene[5]),
                         float(np.linalg.norm(scene[3:5] - scene[8:10])))
-        return {"kind": kind, "over": over_decisions, "p_open": p_open, "lifted_steps": lifted_steps}
+        return {"kind": kind, "over": over_decisions, "p_open": p_open, "lifted_steps": lifted_steps,
+                "centre": centre}
 
     counts: dict[str, int] = {}
     p_open: list[float] = []
     forced: dict[bool, list[bool]] = {True: [], False: []}  # base outcome -> outcomes with the release forced
     grid = np.linspace(-cfg.offset, cfg.offset, 5)
     shifted: list[int] = []  # per never-lifted episode: how many grid offsets succeed
+    centre: list[tuple[np.ndarray, np.ndarray]] = []  # (center rule's shift, residual's shift) per approach step
     knocked = 0  # dropped episodes whose cube was lifted for fewer than 5 steps
     for e in tqdm(range(cfg.episodes), desc="episodes", unit="ep"):
         res = episode(cfg.seed + e)
         counts[res["kind"]] = counts.get(res["kind"], 0) + 1
         p_open += res["p_open"]
+        centre += res["centre"]
         knocked += res["kind"] == "dropped or placed outside" and res["lifted_steps"] < 5
         if cfg.counterfactual:
             for k in res["over"]:
@@ -247,6 +263,15 @@ def main(argv: list[str]) -> int:
         if outcomes:
             print(f"release forced at one decision with the held cube over the bowl, in episodes the policy "
                   f"{'wins' if won else 'loses'}: {np.mean(outcomes):.0%} succeed ({len(outcomes)} decisions)")
+    if len(centre) > 2:
+        rule, made = (np.array(v) * 1000 for v in zip(*centre))
+        fits = []
+        for i, axis in enumerate("xy"):
+            slope, icept = np.polyfit(rule[:, i], made[:, i], 1)
+            left = float(np.abs(rule[:, i] - made[:, i]).mean())
+            fits.append(f"{axis}: {slope:.2f} x rule {icept:+.1f} mm (left {left:.1f} of {np.abs(rule[:, i]).mean():.1f} mm)")
+        print(f"\ngrasp centring over {len(rule)} approach steps, the residual's shift of the command on the "
+              f"center rule's: " + "; ".join(fits))
     if shifted:
         fixed = sum(k > 0 for k in shifted)
         print(f"grasp offsets (xy grid of 25 within ±{cfg.offset * 100:.1f} cm, until the lift): {fixed} of "
