@@ -46,9 +46,9 @@ Every run also counts, among the ``dropped`` episodes, those whose cube was lift
 5 steps: knocked or tipped at the grasp rather than lost on the way. On a residual that moves the
 tool point (``residual.tcp``) it also measures how much of the ``center`` correction the residual
 makes by itself: over the steps where ``center`` would act on the base's command, the least-squares
-fit, per axis, of the residual's shift of the commanded tool point on the ``center`` rule's shift
-(the cube's xy minus the base command's, unclipped): a slope of 1 is the scripted rule, 0 no
-centring at all.
+fit, per axis, of the residual's shift of the commanded tool point on the shift the ``center``
+rule would make to the base's command (the cube's xy minus the command's, at most
+``correct_range``): a slope of 1 is the scripted rule, 0 no centring at all.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def main(argv: list[str]) -> int:
                     cmd = arm.fk(base[:5])[0]
                     if cmd[2] < scene[5] + 0.05 and np.linalg.norm(cmd[:2] - scene[3:5]) < 0.04:
                         shift = arm.fk(action[:5].astype(np.float64))[0][:2] - cmd[:2]
-                        centre.append((scene[3:5] - cmd[:2], shift))
+                        centre.append((_clip_norm(scene[3:5] - cmd[:2], cfg.correct_range), shift))
             if decides:
                 decision += 1
                 if over:
