@@ -62,6 +62,14 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
     return int(value)
 
 
+def _check_number(name: str, value: Any, lo: float, lo_allowed: bool) -> float:
+    """A finite real number above ``lo`` (or equal to it, with ``lo_allowed``); bools refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and (value >= lo if lo_allowed else value > lo)):
+        raise ValueError(f"{name} must be a finite number {'>=' if lo_allowed else '>'} {lo:g}, got {value!r}")
+    return float(value)
+
+
 class ArmEnv(gymnasium.Env):
     """Base class of the arm tasks (not registered itself). Subclasses define the scene
     (``TASK``, cubes, targets), the layout sampling, the instruction, reward and success."""
@@ -619,18 +627,11 @@ class ArmPickPlaceEnv(ArmEnv):
         self.split = check_choice("split", split, ("train", "test", "all"))
         self.reward_mode = check_choice("reward", reward, ("dense", "staged", "progress"))
         self._potential = 0.0  # progress: the staged terms' average after the last step (or the reset)
-        if isinstance(reach_sharpness, bool) or not isinstance(reach_sharpness, (int, float)) or not (
-                math.isfinite(reach_sharpness) and reach_sharpness > 0):
-            raise ValueError(f"reach_sharpness must be a finite number > 0 (1/m), got {reach_sharpness!r}")
-        if reach_sharpness != 10.0 and self.reward_mode == "dense":
-            raise ValueError("reach_sharpness shapes the staged and progress rewards; reward='dense' has no such term")
-        self.reach_sharpness = float(reach_sharpness)
-        if isinstance(align_weight, bool) or not isinstance(align_weight, (int, float)) or not (
-                math.isfinite(align_weight) and align_weight >= 0):
-            raise ValueError(f"align_weight must be a finite number >= 0, got {align_weight!r}")
-        if align_weight and self.reward_mode == "dense":
-            raise ValueError("align_weight adds a term to the staged and progress rewards; reward='dense' has none")
-        self.align_weight = float(align_weight)
+        self.reach_sharpness = _check_number("reach_sharpness (1/m)", reach_sharpness, 0.0, lo_allowed=False)
+        self.align_weight = _check_number("align_weight", align_weight, 0.0, lo_allowed=True)
+        if self.reward_mode == "dense" and (self.reach_sharpness != 10.0 or self.align_weight):
+            raise ValueError("reach_sharpness and align_weight shape the staged and progress rewards; "
+                             "reward='dense' has no such terms")
         super().__init__(**kwargs)
 
     def _sample_colors(self, rng) -> None:
