@@ -897,6 +897,7 @@ def test_stages_chain_runs_each_from_the_last_and_goes_on_after_a_stop(tmp_path,
     rows = list(csv.DictReader(open(tmp_path / "chain" / "curve.csv")))
     assert [(int(r["env_steps"]), int(r["stage"])) for r in rows] == [(0, 1), (512, 1), (1024, 1), (1536, 2)]
     assert sum("finished already" in line for line in lines) == 0
+    assert sum(", seed 0" in line for line in lines if line.startswith("[stages] stage")) == 2
 
     monkeypatch.setattr(residual_ppo, "train", lambda *a, **k: pytest.fail("a finished stage ran again"))
     lines.clear()
@@ -912,6 +913,19 @@ def test_stages_chain_runs_each_from_the_last_and_goes_on_after_a_stop(tmp_path,
     assert f"| after stage 2 (512 env steps; {two['checkpoint']}) | {100 * two['after']:.1f}% |" in printed
     with pytest.raises(ConfigError, match="stage2 holds a finished run with other settings"):
         stages.train(chain(gamma=0.5), "ppo", log=lambda s: None)
+
+
+def test_stages_keep_their_own_seeds_and_the_rest_take_the_first_stages(tmp_path):
+    """A stage that sets ``seed`` keeps it when the first stage's changes; the others follow it."""
+    from robopolicy.refine import residual_ppo, stages
+
+    def chain(seed):
+        return residual_ppo.ResidualPPOConfig(
+            env=EnvConfig("robopolicy/PointReach-v0"), residual=ResidualConfig(inputs=["state"]), seed=seed,
+            out_dir=str(tmp_path / "chain"), stages=[{"total_env_steps": 512}, {"gamma": 0.8, "seed": 8}])
+
+    assert [c.seed for c in stages.stage_configs(chain(0))] == [0, 0, 8]
+    assert [c.seed for c in stages.stage_configs(chain(10))] == [10, 10, 8]
 
 
 def point_teacher(horizon: int = 8) -> Policy:

@@ -11,7 +11,9 @@ Stage k+1 is the first stage's config with its mapping merged in (nested keys me
 overrides), its ``init_residual`` stage k's ``final/`` and its ``out_dir`` ``<out_dir>/stage<k+1>``;
 the first stage starts from the config's own ``init_residual`` (empty: the base). Every stage's
 config is built before the first stage runs, so a wrong key in the last stage fails at once and
-not after hours of the first ones.
+not after hours of the first ones. A stage that sets its own ``seed`` keeps it whatever the first
+stage's is (``seed=N`` on the command line changes the first stage's and those of the stages that
+set none); each stage's seed is in its log line and its ``refine_config.yaml``.
 
 A stage whose directory already holds a finished run with the same settings (``summary.json``
 beside a ``refine_config.yaml`` that loads to the same config) is not run again, so a chain that
@@ -87,7 +89,7 @@ def train(cfg: residual_ppo.ResidualPPOConfig, method: str = "residual-ppo", log
         if summary is not None:
             log(f"[stages] stage {k}/{len(configs)}: finished already in {stage.out_dir}, not run again")
         else:
-            log(f"[stages] stage {k}/{len(configs)}: {stage.total_env_steps} env steps"
+            log(f"[stages] stage {k}/{len(configs)}: {stage.total_env_steps} env steps, seed {stage.seed}"
                 f"{f' from {stage.init_residual}' if stage.init_residual else ''} -> {stage.out_dir}")
             save_run_config(method, stage)
             summary = residual_ppo.train(stage, log=log)
