@@ -49,6 +49,7 @@ from sim_envs.core import check_action, check_choice, check_options
 TEXT_CHARSET = string.ascii_letters + string.digits + " .,'-_"
 SUCCESS_HOLD = 3  # consecutive successful steps before the episode terminates
 ENV_STATE = "observation.environment_state"
+REACH_SHARPNESS = 10.0  # 1/m: the staged reward's reaching term, 1 - tanh(REACH_SHARPNESS * distance)
 
 
 def _dist(a, b) -> float:
@@ -621,7 +622,7 @@ class ArmPickPlaceEnv(ArmEnv):
     )
 
     def __init__(self, num_cubes: int = 3, num_bowls: int = 3, split: str = "train", reward: str = "dense",
-                 reach_sharpness: float = 10.0, align_weight: float = 0.0, **kwargs) -> None:
+                 reach_sharpness: float = REACH_SHARPNESS, align_weight: float = 0.0, **kwargs) -> None:
         self.num_cubes = _check_int("num_cubes", num_cubes, 1, 4)
         self.num_targets = _check_int("num_bowls", num_bowls, 1, 3)
         self.split = check_choice("split", split, ("train", "test", "all"))
@@ -629,7 +630,7 @@ class ArmPickPlaceEnv(ArmEnv):
         self._potential = 0.0  # progress: the staged terms' average after the last step (or the reset)
         self.reach_sharpness = _check_number("reach_sharpness (1/m)", reach_sharpness, 0.0, lo_allowed=False)
         self.align_weight = _check_number("align_weight", align_weight, 0.0, lo_allowed=True)
-        if self.reward_mode == "dense" and (self.reach_sharpness != 10.0 or self.align_weight):
+        if self.reward_mode == "dense" and (self.reach_sharpness != REACH_SHARPNESS or self.align_weight):
             raise ValueError("reach_sharpness and align_weight shape the staged and progress rewards; "
                              "reward='dense' has no such terms")
         super().__init__(**kwargs)
