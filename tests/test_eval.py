@@ -144,6 +144,9 @@ def test_arm_eval_same_seeds_for_any_worker_count_and_writes_reports(tmp_path):
     assert data["splits"][0]["summary"]["success_rate"] == 0.0
     assert data["splits"][0]["summary"]["mean_steps_to_success"] is None
     assert "| ArmReach-v0 | 3 | 0.0 |" in (tmp_path / "a" / "eval" / "eval.md").read_text()
+    record = json.loads((tmp_path / "a" / "eval" / "summary.json").read_text())
+    assert record["kind"] == "eval" and record["episodes"] == 3 and record["seeds"] == [cfg1.seed]
+    assert record["metrics"]["ArmReach-v0"]["success_rate"] == 0.0
     assert len(split.videos) == 1
     from robopolicy.utils.video import read_mp4
 

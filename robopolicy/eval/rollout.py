@@ -28,6 +28,7 @@ from robopolicy.eval.config import EvalConfig
 from robopolicy.eval.envs import EPISODE_INFO, EvalEnvSpec, make_vector_env
 from robopolicy.eval.policy_runner import PolicyRunner
 from robopolicy.eval.report import EvalReport, SplitResult, summarize_split
+from robopolicy.utils.records import write_summary
 
 _RENDER_SIZE_TASKS = ("robopolicy/",)
 _ARM_TASKS = ("robopolicy/Arm",)
@@ -225,9 +226,15 @@ def evaluate(policy: Any, cfg: EvalConfig, log: Callable[[str], None] = print, s
 
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
+    started = time.time()
     runner = PolicyRunner(policy)
     splits = [run_split(runner, cfg, split, log) for split in cfg.split_list()]
     report = EvalReport(env_id=cfg.env.id, checkpoint=cfg.checkpoint, seed=cfg.seed, splits=splits, config=to_dict(cfg))
     if save:
         report.save(cfg.out_dir)
+        write_summary(cfg.out_dir, kind="eval", config=cfg, seeds=[cfg.seed],
+                      episodes=sum(len(s.episodes) for s in splits), started_at=started,
+                      metrics={s.split or s.label: s.summary for s in splits},
+                      extra={"env_id": cfg.env.id, "checkpoint": cfg.checkpoint,
+                             "seed_rule": "episode i of every split uses seed + i"})
     return report
