@@ -1,7 +1,7 @@
 """How much residual exploration noise a base policy takes before it stops succeeding.
 
     .venv/bin/python bench/exploration_noise.py base=outputs/train/arm_state_50/final
-    .venv/bin/python bench/exploration_noise.py base=CKPT config=configs/refine/residual_ppo_pp_state.yaml \\
+    .venv/bin/python bench/exploration_noise.py base=CKPT config=experiments/configs/refine/residual_ppo_pp_state.yaml \\
         "log_stds=[-1.0,-2.0,-3.0]" episodes=50
     .venv/bin/python bench/exploration_noise.py base=CKPT "log_stds=[-2.0,[-2,-2,-2,-2,-2,-0.5]]"   # per dimension
 
@@ -37,7 +37,7 @@ from robopolicy.config import load_config  # noqa: E402
 class NoiseBenchConfig:
     base: str = ""
     """Base policy checkpoint."""
-    config: str = "configs/refine/residual_ppo_pp_state.yaml"
+    config: str = "experiments/configs/refine/residual_ppo_pp_state.yaml"
     """Residual PPO config: env, residual scale and execute steps."""
     log_stds: list[float | list[float]] = field(default_factory=lambda: [-1.0, -2.0, -3.0])
     """Noise levels: one log-std for every action dimension, or a list with one per dimension."""

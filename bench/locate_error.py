@@ -3,8 +3,8 @@
     .venv/bin/python bench/locate_error.py ckpt=outputs/train/arm_stage1/final \\
         dataset=outputs/datasets/arm_pick_place_val seed=100000
 
-For a checkpoint with the ``locate`` aux head (``configs/train/arm_stage1_locate.yaml``, or the
-locator of ``configs/train/arm_locator.yaml``, whose ``label.goal_grip`` / ``label.goal_rel``
+For a checkpoint with the ``locate`` aux head (``experiments/configs/train/arm_stage1_locate.yaml``, or the
+locator of ``configs/train/arm/locator.yaml``, whose ``label.goal_grip`` / ``label.goal_rel``
 estimates are put back in the world frame and also scored on the frames with the gripper near
 the cube and with the cube carried) and an
 ArmPickPlace dataset collected with ``--seed SEED`` (episode i: seed + i), over ``frames``
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"{ckpt} has no locate head (model.aux_heads: [locate])")
     label = pol.config.locate_label
     relative = label != "label.goal_pos"  # goal_rel / goal_grip: the cube (and bowl) from the gripper
-    cfg = load_config(TrainConfig, args.get("config", "configs/train/arm_stage1_locate.yaml"),
+    cfg = load_config(TrainConfig, args.get("config", "experiments/configs/train/arm_stage1_locate.yaml"),
                       [f"data.dataset={data}", "progress=false", f"model.locate_label={label}",
                        f"data.features.cameras=[{','.join(pol.cameras)}]",
                        f"data.features.labels=[label.goal_pos,{label}]" if relative else "data.features.labels=[label.goal_pos]"])

@@ -75,7 +75,7 @@ NEAR = 0.02  # xy distance (m) of the cube from the bowl's centre where the rele
 class FailureBenchConfig:
     checkpoint: str = ""
     """A plain state-based PickPlace chunk policy, or a residual checkpoint over one."""
-    config: str = "configs/refine/residual_ppo_pp_state_chunk.yaml"
+    config: str = "experiments/configs/refine/residual_ppo_pp_state_chunk.yaml"
     """Residual config of a plain checkpoint's rollouts (env kwargs, execute_steps, decision)."""
     execute_steps: int = 0
     """Actions executed per base chunk, replacing the config's (0: the config's; 16: whole chunks)."""
@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
     from pathlib import Path
 
     from robopolicy.refine.common import make_refine_env
-    from robopolicy.refine.residual import RESIDUAL_CONFIG, load_any_policy
+    from robopolicy.models.loading import checkpoint_type, load_policy
     from robopolicy.refine.residual_ppo import ResidualPPOConfig, build_policy, env_kwargs
 
     cfg = load_config(FailureBenchConfig, None, argv)
@@ -125,11 +125,11 @@ def main(argv: list[str]) -> int:
     if cfg.release not in ("none", "step", "chunk"):
         raise SystemExit(f"release must be none, step or chunk, got {cfg.release!r}")
     torch.set_num_threads(1)
-    is_residual = (Path(cfg.checkpoint) / RESIDUAL_CONFIG).is_file()
+    is_residual = checkpoint_type(cfg.checkpoint) == "residual"
     rcfg = load_config(ResidualPPOConfig, cfg.config, [] if is_residual else [f"base={cfg.checkpoint}"])
     if cfg.execute_steps and not is_residual:
         rcfg.residual.execute_steps = cfg.execute_steps
-    policy = load_any_policy(cfg.checkpoint) if is_residual else build_policy(rcfg)
+    policy = load_policy(cfg.checkpoint) if is_residual else build_policy(rcfg)
     if is_residual:
         rcfg.residual = policy.config
     if "pickplace" not in rcfg.env.id.lower():

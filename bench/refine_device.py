@@ -1,7 +1,7 @@
 """One DAgger refinement run per device, side by side: where its wall clock goes, and what a GPU buys.
 
     .venv/bin/python bench/refine_device.py base=outputs/train/arm_state_75/final \\
-        config=configs/refine/dagger_pp_state.yaml "overrides=[iterations=3]"
+        config=configs/refine/dagger/pickplace_state.yaml "overrides=[iterations=3]"
     .venv/bin/python bench/refine_device.py base=CKPT "devices=[cpu]" threads=2   # the CPU row alone
 
 Runs ``robopolicy refine --method dagger`` with the same config, seed and overrides once per device
@@ -31,7 +31,7 @@ from robopolicy.config import load_config  # noqa: E402
 class DeviceBenchConfig:
     base: str = ""
     """Policy checkpoint to refine."""
-    config: str = "configs/refine/dagger_pp_state.yaml"
+    config: str = "configs/refine/dagger/pickplace_state.yaml"
     """DAgger config."""
     overrides: list[str] = field(default_factory=list)
     """``key=value`` overrides of the DAgger config, the same for every device."""

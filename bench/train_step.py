@@ -1,6 +1,6 @@
 """Training speed of one train config in three numeric layouts, side by side, through the trainer itself.
 
-    .venv/bin/python bench/train_step.py --config configs/train/arm_reach_cam.yaml [--steps 60] [--batch-size 32]
+    .venv/bin/python bench/train_step.py --config configs/train/arm/reach_cam.yaml [--steps 60] [--batch-size 32]
 
 Runs ``robopolicy.train`` on the config's dataset for ``--steps`` steps three times, the same
 seed and so the same initial weights and batches each time, changing only:
@@ -35,7 +35,7 @@ VARIANTS = (("nchw fp32", False, "none"), ("nhwc fp32", True, "none"), ("nhwc bf
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/train/arm_reach_cam.yaml")
+    parser.add_argument("--config", default="configs/train/arm/reach_cam.yaml")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=None, help="default: the config's")

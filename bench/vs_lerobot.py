@@ -5,7 +5,7 @@
     .venv/bin/python bench/vs_lerobot.py policies=[ours,act] budget_s=120 episodes=4   # a quick look
     .venv/bin/python bench/vs_lerobot.py "policies=[ours,act]" camera=none demos=200 episodes=50 \
         dataset=outputs/datasets/arm_pp_state "env={id: robopolicy/ArmPickPlace-v0, kwargs: {use_cameras: false, env_state: true}}"
-    .venv/bin/python bench/vs_lerobot.py "policies=[ours,act]" camera=front+wrist recipe=configs/train/arm_reach_cam.yaml \
+    .venv/bin/python bench/vs_lerobot.py "policies=[ours,act]" camera=front+wrist recipe=configs/train/arm/reach_cam.yaml \
         "env={id: robopolicy/ArmReach-v0, kwargs: {}}" demos=1000 dataset=outputs/datasets/arm_reach_cam budget_s=1200 episodes=100
     # the same with bf16 autocast for ours (a CPU with AVX512-BF16), and then for ACT too:
     .venv/bin/python bench/vs_lerobot.py ... "ours={amp: bf16}"          # ... as the previous command
@@ -73,7 +73,7 @@ class BenchConfig:
     """The camera(s) every policy sees (``front``, ``front+wrist``); ``none``: a state-based
     comparison (see 1. above)."""
     recipe: str | None = None
-    """A train config of ours (e.g. ``configs/train/arm_reach_cam.yaml``) to train instead of the
+    """A train config of ours (e.g. ``configs/train/arm/reach_cam.yaml``) to train instead of the
     default recipe; the bench sets its dataset, cameras, batch size, steps and output."""
     policies: list[str] = field(default_factory=lambda: ["ours", "act", "diffusion"])
     budget_s: float = 300.0
@@ -278,13 +278,13 @@ def train_ours(cfg: BenchConfig, root: Path) -> dict[str, Any]:
         if cfg.camera == "none":
             recipe.setdefault("data", {}).setdefault("features", {})["env_state"] = "observation.environment_state"
         base = deep_merge(recipe, base)
-    elif cfg.camera == "none":  # the shipped state recipe (configs/train/arm_state_chunk.yaml) without language
+    elif cfg.camera == "none":  # the shipped state recipe (configs/train/arm/state_chunk.yaml) without language
         base["data"]["features"] = {"cameras": [], "env_state": "observation.environment_state"}
         base["model"] = {"head": "chunk_l1", "horizon": 16, "context_strides": [0], "language": {"enabled": False},
                          "d_model": 128, "n_heads": 4, "n_layers": 3, "head_layers": 2}
     else:
         base["model"] = {
-            # the shipped arm recipe (configs/train/arm_chunk_l1.yaml) without language: ResNet-18 read
+            # the shipped arm recipe (configs/train/arm/chunk_l1.yaml) without language: ResNet-18 read
             # at layer2 (stride 8) on a 6x6 grid, where ACT runs the whole ResNet-18 and a 512-d transformer
             "head": "chunk_l1", "horizon": 16, "context_strides": [0], "grid": 6,
             "encoders": [{"name": "resnet18", "image_size": cfg.image_size, "frozen": True, "stage": 2}],

@@ -93,33 +93,36 @@ def test_shipped_configs_load():
 
 
 def test_shipped_refine_configs_load_into_their_methods_config():
-    """Every ``configs/refine/*.yaml`` is a valid config of the method its name starts with, so a
-    key renamed in code (or mistyped in a config) fails here rather than in a long run."""
+    """Every ``configs/refine/<method>/*.yaml`` is a valid config of the method its folder names,
+    so a key renamed in code (or mistyped in a config) fails here rather than in a long run."""
     from pathlib import Path
 
     from robopolicy.commands.refine import config_class
 
-    methods = {"residual_ppo": "residual-ppo", "ppo_scratch": "ppo", "residual_td3": "residual-td3",
+    methods = {"residual_ppo": "residual-ppo", "ppo": "ppo", "residual_td3": "residual-td3",
                "dagger": "dagger", "rpd": "rpd"}
-    files = sorted((Path(__file__).resolve().parents[1] / "configs" / "refine").glob("*.yaml"))
+    root = Path(__file__).resolve().parents[1] / "configs" / "refine"
+    assert not list(root.glob("*.yaml")), "a refine config sits outside its method's folder"
+    assert sorted(d.name for d in root.iterdir() if d.is_dir()) == sorted(methods)
+    files = sorted(root.glob("*/*.yaml"))
     assert len(files) >= 10
     for f in files:
-        prefix = [p for p in methods if f.stem.startswith(p)]
-        assert prefix, f"{f.name}: no refine method named by its prefix ({list(methods)})"
-        load_config(config_class(methods[prefix[0]]), f)
+        load_config(config_class(methods[f.parent.name]), f)
 
 
 def test_shipped_train_configs_load_into_the_train_config():
-    """Every ``configs/train/*.yaml`` is a valid ``TrainConfig`` (keys, types, choices), so a
-    renamed option or a mistyped key fails here rather than after a dataset is collected."""
+    """Every ``configs/train/<task>/*.yaml`` is a valid ``TrainConfig`` (keys, types, choices), so
+    a renamed option or a mistyped key fails here rather than after a dataset is collected."""
     from pathlib import Path
 
     from robopolicy.train.trainer import TrainConfig
 
-    files = sorted((Path(__file__).resolve().parents[1] / "configs" / "train").glob("*.yaml"))
+    root = Path(__file__).resolve().parents[1] / "configs" / "train"
+    assert not list(root.glob("*.yaml")), "a train config sits outside its task's folder"
+    files = sorted(root.glob("*/*.yaml"))
     assert len(files) >= 5
     for f in files:
         cfg = load_config(TrainConfig, f)
         assert cfg.steps > 0, f.name
-    fr = load_config(TrainConfig, files[0].parent / "track_stage2_ground_free_run.yaml")
+    fr = load_config(TrainConfig, root / "track" / "stage2_ground_free_run.yaml")
     assert "free_run" in fr.model.aux_heads and fr.loss.ground_free_run > 0

@@ -1,14 +1,14 @@
 """``robopolicy refine``: refine a policy in simulation (residual PPO / TD3, DAgger, RPD) or train PPO from scratch.
 
     robopolicy refine --method residual-ppo --base outputs/train/arm_pp/final --env robopolicy/ArmPickPlace-v0 \\
-        --config configs/refine/residual_ppo_arm.yaml total_env_steps=50000
-    robopolicy refine --method residual-td3 --base outputs/train/arm_pp/final --env robopolicy/ArmPickPlace-v0 \\
-        --config configs/refine/residual_td3_pp_state.yaml
-    robopolicy refine --method ppo --env robopolicy/ArmPickPlace-v0 --config configs/refine/ppo_scratch_arm.yaml
+        --config configs/refine/residual_ppo/arm.yaml total_env_steps=50000
+    robopolicy refine --method residual-td3 --base outputs/train/arm_reach_state_10/final --env robopolicy/ArmReach-v0 \\
+        --config configs/refine/residual_td3/reach_state.yaml
+    robopolicy refine --method ppo --env robopolicy/ArmPickPlace-v0 --config configs/refine/ppo/arm.yaml
     robopolicy refine --method dagger --base outputs/train/pf_staged/final --env robopolicy/PersonFollow-v0 --split dt \\
-        --config configs/refine/dagger_track.yaml
+        --config configs/refine/dagger/track.yaml
     robopolicy refine --method rpd --base outputs/train/arm_reach/final --env robopolicy/ArmReach-v0 \\
-        --config configs/refine/rpd_arm.yaml
+        --config configs/refine/rpd/arm.yaml
 
 Each run writes ``<out>/refine_config.yaml`` (the resolved config, the method in its first line,
 before the run starts: a run can be read back and rerun; with ``stages``, see

@@ -1,7 +1,7 @@
 """``robopolicy train``: imitation training of a policy from a recipe config.
 
-    robopolicy train --config configs/train/arm_chunk_l1.yaml data.dataset=data/arm_pp steps=2000
-    robopolicy train --config configs/train/track_stage2_ground.yaml --resume
+    robopolicy train --config configs/train/arm/chunk_l1.yaml data.dataset=data/arm_pp steps=2000
+    robopolicy train --config configs/train/track/stage2_ground.yaml --resume
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a policy by imitation (one recipe / stage per config)")
-    p.add_argument("--config", help="YAML recipe (TrainConfig), e.g. configs/train/arm_chunk_l1.yaml")
+    p.add_argument("--config", help="YAML recipe (TrainConfig), e.g. configs/train/arm/chunk_l1.yaml")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run's out dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", metavar="key=value")

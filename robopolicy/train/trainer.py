@@ -1,6 +1,6 @@
 """Imitation training of a :class:`~robopolicy.models.policy.Policy`, one config per recipe/stage.
 
-    cfg = load_config(TrainConfig, "configs/train/arm_chunk_l1.yaml", ["steps=200"])
+    cfg = load_config(TrainConfig, "configs/train/arm/chunk_l1.yaml", ["steps=200"])
     result = train(cfg)             # -> result.final: the checkpoint directory to evaluate
 
 Recipe = a dataset (any LeRobot v3.0 dataset; ``data.features`` maps its keys to roles), a model
