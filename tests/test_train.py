@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 from pathlib import Path
 
@@ -109,6 +110,9 @@ def test_waypoint_training_with_feature_cache(dataset, caches, tmp_path, monkeyp
     assert losses[-1] < 0.6 * losses[0], losses
     for name in ("metrics.csv", "losses.png", "train_summary.json", "train_config.yaml"):
         assert (result.out / name).is_file(), name
+    record = json.loads((result.out / "summary.json").read_text())
+    assert record["kind"] == "train" and record["seeds"] == [cfg.seed] and record["wall_time_s"] > 0
+    assert record["metrics"]["steps"] == 60 and record["config_digest"].startswith("sha256:")
     pol = Policy.load(result.final)
     assert pol.config.action_shape == [8, 3] and pol.config.frame_size == [IMG, IMG]
     assert pol.predict({"observation.images.front": np.zeros((IMG, IMG, 3), np.uint8),

@@ -53,6 +53,7 @@ from robopolicy.data.loader import FeatureMap, TrainingDataset
 from robopolicy.models.feature_cache import ensure_features
 from robopolicy.models.modular import ModularPolicy
 from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError
+from robopolicy.utils.records import write_summary
 
 BOX_LABEL, VISIBLE_LABEL = "label.target_box", "label.target_visible"
 STATE_FILE = "trainer_state.pt"
@@ -546,7 +547,7 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
     first: dict[str, float] = {}
     bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.name, unit="step", disable=not cfg.progress,
                mininterval=0.5, dynamic_ncols=True)
-    t0 = time.perf_counter()
+    t0, started_at = time.perf_counter(), time.time()
     t_log, samples_since = t0, 0
     sps = 0.0
     step = start_step
@@ -613,4 +614,6 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
     summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}
     summary["loss_plot"] = str(plot) if plot else None
     (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    write_summary(out, kind="train", config=cfg, seeds=[cfg.seed], wall_time_s=seconds,
+                  started_at=started_at, metrics={**summary, "steps_run": steps_run})
     return result
