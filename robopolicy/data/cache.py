@@ -30,7 +30,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ import numpy as np
 
 from robopolicy.data.stats import ImageStats, StreamingStats, load_stats, save_stats
 from robopolicy.data.errors import DatasetError
+from robopolicy.utils.files import atomic_directory
 
 CACHE_FORMAT = 1
 CAMERA_DTYPES = ("video", "image")
@@ -370,11 +370,9 @@ def build_cache(src: SourceDataset, dest: Path, *, shard_frames: int = 256, prog
     n = src.num_frames
     fps = src.fps
     tolerance_s = 0.4 / fps if tolerance_s is None else tolerance_s
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     t0 = time.perf_counter()
-    try:
+    # two processes may build the same entry: the first to finish wins, the other's copy is dropped
+    with atomic_directory(dest, if_exists="keep") as tmp:
         group = zarr.open_group(tmp / "cache.zarr", mode="w", zarr_format=3)
         lowdim_group = group.create_group("lowdim")
         image_group = group.create_group("images")
@@ -491,16 +489,7 @@ def build_cache(src: SourceDataset, dest: Path, *, shard_frames: int = 256, prog
         }
         group.attrs.update(manifest)
         save_stats(stats, tmp / "stats.json")
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not (dest / "cache.zarr").exists():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # someone else finished first
-        return manifest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return manifest
 
 
 def ensure_cache(root: str | Path, cache_dir: str | Path | None = None, *, full_digest: bool = False,

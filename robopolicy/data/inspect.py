@@ -8,14 +8,10 @@ robopolicy's per-episode columns (success, seed, lateness) are carried over.
 
 from __future__ import annotations
 
-import os
 import shutil
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +20,7 @@ import pyarrow.parquet as pq
 from robopolicy.data import features as F
 from robopolicy.data.interchange import check_version, read_episode, validate_dataset
 from robopolicy.data.recorder import DatasetError, atomic_write_table, episodes_files, read_episodes, read_info
+from robopolicy.utils.files import atomic_directory
 
 
 def episode_success(root: str | Path) -> list[bool] | None:
@@ -211,18 +208,16 @@ def copy_episodes(src: str | Path, dst: str | Path, keep: list[int]) -> Path:
         raise DatasetError(f"episode {bad[0]} out of range: {src} has {n} episodes (0..{n - 1})")
     if not keep:
         raise DatasetError(f"{src}: no episode matches; nothing written to {dst}")
-    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:6]}.tmp")
     try:
-        drop = [i for i in range(n) if i not in set(keep)]
-        if drop:
-            delete_episodes(load_lerobot_dataset(src), sorted(drop), output_dir=tmp, repo_id=f"local/{dst.name}")
-            _carry_episode_columns(src, tmp, sorted(keep))
-        else:
-            shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".staging", ".*.tmp", ".robopolicy.lock"))
-        validate_dataset(tmp, decode_videos=False)
-        os.replace(tmp, dst)
+        with atomic_directory(dst, create=False) as tmp:
+            drop = [i for i in range(n) if i not in set(keep)]
+            if drop:
+                delete_episodes(load_lerobot_dataset(src), sorted(drop), output_dir=tmp, repo_id=f"local/{dst.name}")
+                _carry_episode_columns(src, tmp, sorted(keep))
+            else:
+                shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".staging", ".*.tmp", ".robopolicy.lock"))
+            validate_dataset(tmp, decode_videos=False)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise DatasetError(f"{dst}: could not write ({exc.strerror or exc}); nothing written") from exc
         raise

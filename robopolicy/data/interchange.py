@@ -14,14 +14,10 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import pyarrow.compute as pc
@@ -35,6 +31,7 @@ from robopolicy.data.recorder import (
     read_info,
     read_parquet,
 )
+from robopolicy.utils.files import atomic_directory
 
 CONVERT_CMD = ("python -m lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id={repo_id} "
                "--root={root} --push-to-hub=false")
@@ -165,12 +162,10 @@ def import_lerobot(src: str | Path, dst: str | Path | None = None) -> DatasetRep
     dst = Path(dst)
     if dst.exists():
         raise DatasetError(f"{dst}: already exists")
-    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:6]}.tmp")
     try:
-        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".staging", ".*.tmp", ".robopolicy.lock"))
-        os.replace(tmp, dst)
+        with atomic_directory(dst, create=False) as tmp:
+            shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".staging", ".*.tmp", ".robopolicy.lock"))
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise DatasetError(f"{dst}: could not copy ({exc.strerror or exc}); nothing written") from exc
     return validate_dataset(dst, decode_videos=False)
 
@@ -343,16 +338,14 @@ def export_zarr(src: str | Path, dst: str | Path, extra: bool = False) -> list[s
             chunks.setdefault(name, []).append(episode[key])
         total += len(episode[F.ACTION])
         ends.append(total)
-    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:6]}.tmp")
     try:
-        group = zarr.open_group(str(tmp), mode="w", zarr_format=2)
-        for name, parts in chunks.items():
-            arr = np.concatenate(parts)
-            chunk_rows = max(1, min(len(arr), 100 if arr.ndim == 4 else 10000))
-            group.create_array(f"data/{name}", data=arr, chunks=(chunk_rows, *arr.shape[1:]))
-        group.create_array("meta/episode_ends", data=np.asarray(ends, np.int64))
-        os.replace(tmp, dst)
+        with atomic_directory(dst, create=False) as tmp:
+            group = zarr.open_group(str(tmp), mode="w", zarr_format=2)
+            for name, parts in chunks.items():
+                arr = np.concatenate(parts)
+                chunk_rows = max(1, min(len(arr), 100 if arr.ndim == 4 else 10000))
+                group.create_array(f"data/{name}", data=arr, chunks=(chunk_rows, *arr.shape[1:]))
+            group.create_array("meta/episode_ends", data=np.asarray(ends, np.int64))
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise DatasetError(f"{dst}: could not write ({exc.strerror or exc}); nothing written") from exc
     return sorted(chunks)

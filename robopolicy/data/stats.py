@@ -17,11 +17,12 @@ stores them). Policies copy the dict into their checkpoint.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
+
+from robopolicy.utils.files import atomic_write_text
 
 STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99")
 
@@ -195,11 +196,7 @@ def stats_from_json(data: Mapping) -> dict[str, dict[str, np.ndarray]]:
 
 def save_stats(stats: Mapping[str, Mapping[str, np.ndarray]], path: str | Path) -> Path:
     """Write ``stats`` as JSON, atomically."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(stats_to_json(stats), indent=1))
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, json.dumps(stats_to_json(stats), indent=1))
 
 
 def load_stats(path: str | Path) -> dict[str, dict[str, np.ndarray]]:

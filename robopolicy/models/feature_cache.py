@@ -22,7 +22,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ import torch
 
 from robopolicy.data.cache import default_cache_dir
 from robopolicy.models.encoders import FusedVisionEncoder
+from robopolicy.utils.files import atomic_file, atomic_write_text
 
 FEATURE_FORMAT = 1
 IN_MEMORY_BYTES = 4 << 30  # smaller feature files are read into RAM; larger ones stay memory-mapped
@@ -109,24 +109,21 @@ def ensure_features(dataset, encoder: FusedVisionEncoder, cache_dir: str | Path 
             with open(root / f".{name}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not path.is_file():
-                    tmp = root / f".{name}.tmp-{os.getpid()}.npy"
                     bar = tqdm(total=n, desc=f"features {role} ({encoder.cache_key()[:40]})", unit="frame",
                                disable=not progress, mininterval=0.5)
                     try:
-                        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)
-                        if not _encode_all(dataset, camera_key, encoder, arr, batch_size, device, bar, text_fn):
-                            del arr  # float16 would overflow: redo in float32
-                            bar.reset()
-                            arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
-                            _encode_all(dataset, camera_key, encoder, arr, batch_size, device, bar, text_fn)
-                        arr.flush()
-                        del arr
-                        (root / f"{name}.json").write_text(json.dumps(parts, indent=1))
-                        os.replace(tmp, path)
+                        with atomic_file(path) as tmp:
+                            arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)
+                            if not _encode_all(dataset, camera_key, encoder, arr, batch_size, device, bar, text_fn):
+                                del arr  # float16 would overflow: redo in float32
+                                bar.reset()
+                                arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
+                                _encode_all(dataset, camera_key, encoder, arr, batch_size, device, bar, text_fn)
+                            arr.flush()
+                            del arr
+                            atomic_write_text(root / f"{name}.json", json.dumps(parts, indent=1))
                     finally:
                         bar.close()
-                        if tmp.exists():
-                            tmp.unlink()
                     log(f"[features] {role}: {n} frames encoded -> {path}")
         arr = np.load(path, mmap_mode="r")
         if arr.shape != shape:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterable
 
 import av
 import numpy as np
+
+from robopolicy.utils.files import atomic_file
 
 
 def _pick_codec() -> str:
@@ -24,11 +25,9 @@ def _pick_codec() -> str:
 def write_mp4(path: str | Path, frames: Iterable[np.ndarray], fps: float) -> Path:
     """Encode uint8 HxWx3 RGB frames to ``path``; the file appears only once complete."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     codec = _pick_codec()
     count = 0
-    try:
+    with atomic_file(path) as tmp:
         with av.open(str(tmp), mode="w", format="mp4") as container:
             stream = None
             for frame in frames:
@@ -54,10 +53,6 @@ def write_mp4(path: str | Path, frames: Iterable[np.ndarray], fps: float) -> Pat
                 raise ValueError("no frames to write")
             for packet in stream.encode():
                 container.mux(packet)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 
