@@ -215,13 +215,13 @@ def scores(pred: np.ndarray, y: np.ndarray, near: float) -> tuple[float, float, 
 
 
 def main(argv: list[str]) -> int:
-    from robopolicy.refine.residual import load_any_policy
+    from robopolicy.models.loading import load_policy
 
     cfg = load_config(ClearanceProbeConfig, None, argv)
     if not cfg.checkpoint:
         raise SystemExit("give checkpoint=DIR")
     torch.set_num_threads(cfg.threads)
-    policy = load_any_policy(cfg.checkpoint)
+    policy = load_policy(cfg.checkpoint)
     if getattr(policy, "vision", None) is None:
         raise SystemExit(f"{cfg.checkpoint}: the policy has no vision encoder to probe")
     tr = collect(cfg, 0, cfg.episodes)

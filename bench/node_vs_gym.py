@@ -43,9 +43,9 @@ def gym_eval(args) -> list[bool]:
     from robopolicy.envs import EnvConfig
     from robopolicy.eval import EvalConfig
     from robopolicy.eval.rollout import evaluate
-    from robopolicy.refine.residual import load_any_policy
+    from robopolicy.models.loading import load_policy
 
-    policy = load_any_policy(args.checkpoint)
+    policy = load_policy(args.checkpoint)
     cfg = EvalConfig(checkpoint=args.checkpoint, env=EnvConfig(args.env), episodes=args.episodes,
                      workers=args.workers, seed=args.seed, videos=0, threads=1, progress=True,
                      out_dir=str(Path(args.out) / "gym"))
@@ -193,10 +193,10 @@ def main() -> None:
     import sim_envs  # noqa: F401
 
     from robopolicy.eval.rollout import observation_needs
-    from robopolicy.refine.residual import load_any_policy
+    from robopolicy.models.loading import load_policy
     from sim_envs.arm import so101
 
-    args.needs = observation_needs(load_any_policy(args.checkpoint))
+    args.needs = observation_needs(load_policy(args.checkpoint))
     if args.base:
         from sim_envs.person_follow import env as pf_env
 

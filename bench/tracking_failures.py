@@ -83,13 +83,13 @@ def main(argv: list[str]) -> int:
     from robopolicy.envs import EnvConfig
     from robopolicy.eval.policy_runner import to_policy_batch
     from robopolicy.refine.common import make_refine_env
-    from robopolicy.refine.residual import load_any_policy
+    from robopolicy.models.loading import load_policy
 
     cfg = load_config(TrackingFailureConfig, None, argv)
     if not cfg.checkpoint:
         raise SystemExit("give checkpoint=DIR")
     torch.set_num_threads(1)
-    policy = load_any_policy(cfg.checkpoint)
+    policy = load_policy(cfg.checkpoint)
     if getattr(policy, "output", None) != "waypoints":
         raise SystemExit(f"{cfg.checkpoint}: not a waypoint policy (a tracking checkpoint is needed)")
     env = make_refine_env(EnvConfig("robopolicy/PersonFollow-v0", {"split": cfg.split, "image_size": cfg.image_size}),

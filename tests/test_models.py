@@ -620,7 +620,7 @@ def test_mlp_locate_head_finds_the_named_square_and_feeds_a_modular_policy(one_t
     named square on unseen frames; a ModularPolicy hands that estimate to a state actor in place of
     any scene state in the observation, and saves / loads as one checkpoint."""
     from robopolicy.models.modular import ModularPolicy
-    from robopolicy.refine.residual import load_any_policy
+    from robopolicy.models.loading import load_policy
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -659,7 +659,7 @@ def test_mlp_locate_head_finds_the_named_square_and_feeds_a_modular_policy(one_t
                               "observation.environment_state": locator.locate(few).numpy()})
     assert chunk.shape == (4, 5, 2) and torch.allclose(chunk, expected)  # the estimate, not the given state
     policy.save(tmp_path / "modular")
-    loaded = load_any_policy(tmp_path / "modular")
+    loaded = load_policy(tmp_path / "modular")
     assert isinstance(loaded, ModularPolicy) and torch.allclose(loaded.predict(few), chunk, atol=1e-5)
 
     with pytest.raises(PolicyError, match="estimates 2 values"):
@@ -671,4 +671,4 @@ def test_mlp_locate_head_finds_the_named_square_and_feeds_a_modular_policy(one_t
 
     shutil.rmtree(tmp_path / "modular" / "actor")
     with pytest.raises(PolicyError, match="actor is missing"):
-        load_any_policy(tmp_path / "modular")
+        load_policy(tmp_path / "modular")

@@ -164,11 +164,11 @@ def test_a_locator_turns_the_trained_actor_into_a_policy_that_runs_from_cameras(
     """train with `locator`: the final checkpoint is a ModularPolicy that evaluation runs on an env
     with cameras and without the privileged scene state; a locator of another label is refused."""
     from robopolicy.models.modular import ModularPolicy
-    from robopolicy.refine.residual import load_any_policy
+    from robopolicy.models.loading import load_policy
     from robopolicy.train.trainer import TrainError
 
     result = modular
-    policy = load_any_policy(result.final)
+    policy = load_policy(result.final)
     assert isinstance(policy, ModularPolicy) and policy.actor.config.env_state_dim == 6
     assert observation_needs(policy) == (True, False)
     ecfg = EvalConfig(env=EnvConfig(PP, {"max_steps": 6}), episodes=1, workers=1, videos=0,

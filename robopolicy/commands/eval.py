@@ -54,11 +54,11 @@ def load_policy(checkpoint: str | Path, device: str = "auto") -> Any:
         raise ConfigError(f"checkpoint {str(path)!r} is not a directory (give the folder Policy.save wrote)")
     import torch
 
-    from robopolicy.refine.residual import load_any_policy
+    from robopolicy.models.loading import load_policy as load_checkpoint
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    policy = load_any_policy(path, device=device)  # a Policy, or a refined base + residual
+    policy = load_checkpoint(path, device=device)  # a Policy, or a refined base + residual
     policy.eval()
     return policy
 

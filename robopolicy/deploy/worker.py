@@ -198,10 +198,10 @@ class CheckpointPolicy:
     def __init__(self, path: Path, dt: float | None = None):
         import torch
 
-        from robopolicy.refine.residual import load_any_policy
+        from robopolicy.models.loading import load_policy
 
         self._torch = torch
-        self.policy = load_any_policy(path, "cpu")
+        self.policy = load_policy(path, "cpu")
         self.policy.eval()
         inner = getattr(self.policy, "base", None) or self.policy  # a refined checkpoint's language is its base's
         language = getattr(inner, "language", None)

@@ -4,7 +4,7 @@
                            actor=Policy.load("outputs/train/arm_actor/final"))
     chunk = policy.predict(obs)     # obs: camera frames, joint state, instruction; (B, H, A) out
     policy.save("outputs/train/arm_actor/final")
-    policy = ModularPolicy.load(...)            # or refine.residual.load_any_policy(...)
+    policy = ModularPolicy.load(...)            # or robopolicy.models.load_policy(...)
 
 - ``locator``: a camera :class:`~robopolicy.models.policy.Policy` with a ``locate`` head (trained
   on a privileged label, e.g. ``label.goal_pos``: the named cube's and bowl's xyz), FiLM-conditioned
@@ -17,7 +17,8 @@ in the observation is ignored, so the policy needs only what a robot has (camera
 the instruction). Each half trains on its own data: the actor on demonstrations, the locator
 on any labelled frames (oracle episodes, rendered layouts), and the estimate's error is what
 the actor must tolerate. The checkpoint is one
-directory: ``modular.yaml`` plus ``locator/`` and ``actor/``, each a plain policy checkpoint.
+directory: ``config.yaml`` (``type: modular``) plus ``locator/`` and ``actor/``, each a plain
+policy checkpoint (one saved before types were written has ``modular.yaml`` instead).
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from torch import nn
 
 from robopolicy.config import load_yaml
 from robopolicy.data.features import ENV_STATE
-from robopolicy.models.policy import Policy, PolicyError
+from robopolicy.models.policy import CONFIG_FILE, Policy, PolicyError
 from robopolicy.utils.files import atomic_directory
 
-MODULAR_CONFIG = "modular.yaml"
+MODULAR_CONFIG = "modular.yaml"  # the descriptor of a checkpoint saved before ``config.yaml`` named its type
 LOCATOR_DIR = "locator"
 ACTOR_DIR = "actor"
 MODULAR_FORMAT = 1
@@ -117,17 +118,21 @@ class ModularPolicy(nn.Module):
         with atomic_directory(directory) as tmp:
             self.locator.save(tmp / LOCATOR_DIR)
             self.actor.save(tmp / ACTOR_DIR)
-            (tmp / MODULAR_CONFIG).write_text(yaml.safe_dump(
-                {"format": MODULAR_FORMAT, "locator": LOCATOR_DIR, "actor": ACTOR_DIR}, sort_keys=False))
+            (tmp / CONFIG_FILE).write_text(yaml.safe_dump(
+                {"format": MODULAR_FORMAT, "type": "modular", "locator": LOCATOR_DIR, "actor": ACTOR_DIR},
+                sort_keys=False))
         return directory
 
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "ModularPolicy":
         directory = Path(directory)
-        meta_path = directory / MODULAR_CONFIG
-        if not meta_path.is_file():
-            raise PolicyError(f"{directory}: not a modular checkpoint ({MODULAR_CONFIG} is missing)")
-        meta = load_yaml(meta_path)
+        meta_path = directory / CONFIG_FILE
+        meta = load_yaml(meta_path) if meta_path.is_file() else {}
+        if meta.get("type") != "modular":
+            meta_path = directory / MODULAR_CONFIG
+            if not meta_path.is_file():
+                raise PolicyError(f"{directory}: not a modular checkpoint ({CONFIG_FILE} names no type: modular)")
+            meta = load_yaml(meta_path)
         if meta.get("format") != MODULAR_FORMAT:
             raise PolicyError(f"{meta_path}: unknown modular checkpoint format {meta.get('format')!r}")
         parts = {}

@@ -675,7 +675,8 @@ class Policy(nn.Module):
         with atomic_directory(directory) as tmp:
             save_file(state, str(tmp / WEIGHTS_FILE),
                       metadata={"format": str(CHECKPOINT_FORMAT), "policy_config": json.dumps(cfg, sort_keys=True)})
-            (tmp / CONFIG_FILE).write_text(yaml.safe_dump({"format": CHECKPOINT_FORMAT, "policy": cfg}, sort_keys=False))
+            (tmp / CONFIG_FILE).write_text(yaml.safe_dump({"format": CHECKPOINT_FORMAT, "type": "policy", "policy": cfg},
+                                                            sort_keys=False))
         return directory
 
     @staticmethod
@@ -687,10 +688,13 @@ class Policy(nn.Module):
         if not directory.is_dir():
             raise PolicyError(f"{directory}: checkpoint directory not found")
         cfg_path, weights = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+        data = load_yaml(cfg_path) if cfg_path.is_file() else {}
+        if data.get("type", "policy") != "policy":
+            raise PolicyError(f"{cfg_path}: a {data['type']!r} checkpoint, not a plain policy "
+                              f"(robopolicy.models.load_policy loads any kind)")
         for p in (cfg_path, weights):
             if not p.is_file():
                 raise PolicyError(f"{p}: file is missing (a checkpoint holds {CONFIG_FILE} and {WEIGHTS_FILE})")
-        data = load_yaml(cfg_path)
         if data.get("format") != CHECKPOINT_FORMAT or "policy" not in data:
             raise PolicyError(f"{cfg_path}: not a robopolicy checkpoint config (format {data.get('format')!r})")
         try:

@@ -2,8 +2,8 @@
 
     policy = ResidualPolicy(ResidualConfig(), action_low, action_high, base=Policy.load(ckpt), input_dims=...)
     chunk = policy.predict(obs)     # (B, 1, A): this step's action in env units (base + residual)
-    policy.save("outputs/refine/arm_pp")   # residual.yaml + residual.safetensors + base/ (the base checkpoint)
-    policy = load_any_policy("outputs/refine/arm_pp")   # a residual or a plain Policy checkpoint
+    policy.save("outputs/refine/arm_pp")   # config.yaml + residual.safetensors + base/ (the base checkpoint)
+    policy = load_policy("outputs/refine/arm_pp")   # robopolicy.models.load_policy: any checkpoint
 
 Per step: the base's chunk is executed from a queue (``execute_steps`` actions of each predicted
 chunk, then the base is asked again) and the residual corrects every executed action:
@@ -46,10 +46,12 @@ from torch import nn
 
 from robopolicy.config import build, load_yaml, to_dict
 from robopolicy.data.features import ENV_STATE
-from robopolicy.models.policy import STATE, Policy, PolicyError
+from robopolicy.models.loading import load_policy as load_any_policy  # noqa: F401 - moved to robopolicy.models
+from robopolicy.models.policy import CONFIG_FILE, STATE, Policy, PolicyError
 from robopolicy.utils.files import atomic_directory
 
-RESIDUAL_CONFIG = "residual.yaml"
+RESIDUAL_CONFIG = CONFIG_FILE  # with ``type: residual``
+LEGACY_RESIDUAL_CONFIG = "residual.yaml"  # a checkpoint saved before ``config.yaml`` named its type
 RESIDUAL_WEIGHTS = "residual.safetensors"
 BASE_DIR = "base"
 INPUTS = ("state", "features", "base_action", "base_tcp", "environment_state", "time")
@@ -58,7 +60,7 @@ TCP_ARMS = ("so101",)  # arms whose kinematics ``residual.tcp`` can use
 
 @dataclass
 class ResidualConfig:
-    """The residual actor-critic (saved in ``residual.yaml``)."""
+    """The residual actor-critic (saved in the checkpoint's ``config.yaml``)."""
 
     inputs: list[str] = field(default_factory=lambda: ["state", "features", "base_action"])
     """What the residual sees (see the module docstring); ``environment_state`` is simulation-only."""
@@ -532,14 +534,14 @@ class ResidualPolicy(nn.Module):
 
     # ------------------------------------------------------------------ checkpoint
     def save(self, directory: str | Path) -> Path:
-        """``residual.yaml`` + ``residual.safetensors`` + ``base/`` (the base checkpoint), atomically."""
+        """``config.yaml`` + ``residual.safetensors`` + ``base/`` (the base checkpoint), atomically."""
         import yaml
         from safetensors.torch import save_file
 
         directory = Path(directory)
         state = {k: v.detach().cpu().contiguous().clone() for k, v in self.state_dict().items()
                  if not k.startswith("base.")}
-        meta = {"format": 1, "kind": "residual" if self.base is not None else "actor_critic",
+        meta = {"format": 1, "type": "residual", "kind": "residual" if self.base is not None else "actor_critic",
                 "residual": to_dict(self.config), "base": BASE_DIR if self.base is not None else None,
                 "action_low": (self.action_loc - self.action_half).tolist(),
                 "action_high": (self.action_loc + self.action_half).tolist(),
@@ -558,9 +560,12 @@ class ResidualPolicy(nn.Module):
 
         directory = Path(directory)
         meta_path = directory / RESIDUAL_CONFIG
-        if not meta_path.is_file():
-            raise PolicyError(f"{directory}: not a residual checkpoint ({RESIDUAL_CONFIG} is missing)")
-        meta = load_yaml(meta_path)
+        meta = load_yaml(meta_path) if meta_path.is_file() else {}
+        if meta.get("type") != "residual":
+            meta_path = directory / LEGACY_RESIDUAL_CONFIG
+            if not meta_path.is_file():
+                raise PolicyError(f"{directory}: not a residual checkpoint ({RESIDUAL_CONFIG} names no type: residual)")
+            meta = load_yaml(meta_path)
         config = build(ResidualConfig, meta.get("residual") or {}, source=str(meta_path), prefix="residual.")
         base = None
         if meta.get("base"):
@@ -650,22 +655,6 @@ def init_from(policy: ResidualPolicy, directory: str | Path, option: str) -> Non
                               f"than this run's (the base weights differ)")
     state = {k: v for k, v in saved.state_dict().items() if k != "log_std" and not k.startswith("base.")}
     policy.load_state_dict(state, strict=False)
-
-
-def load_any_policy(directory: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """Load a checkpoint directory of any kind: a residual / actor-critic checkpoint
-    (``residual.yaml``), a perceive-then-act :class:`~robopolicy.models.modular.ModularPolicy`
-    (``modular.yaml``) or a plain :class:`Policy` checkpoint (``config.yaml``)."""
-    from robopolicy.models.modular import MODULAR_CONFIG, ModularPolicy
-
-    directory = Path(directory)
-    if (directory / MODULAR_CONFIG).is_file():
-        return ModularPolicy.load(directory, device)
-    if (directory / RESIDUAL_CONFIG).is_file():
-        return ResidualPolicy.load(directory, device)
-    if (directory / "residual.safetensors").is_file():
-        raise PolicyError(f"{directory}: residual weights without {RESIDUAL_CONFIG}")
-    return Policy.load(directory, device)
 
 
 def _batch_size(obs: Mapping[str, Any]) -> int:
