@@ -1,6 +1,8 @@
 """The ``robopolicy`` command: one entry point, a subcommand per job.
 
-Every subcommand takes ``--config FILE`` plus ``key=value`` overrides (see robopolicy.config).
+Every subcommand takes ``--config FILE`` plus ``key=value`` (or ``--key=value``) overrides (see
+robopolicy.config). Process-wide settings (headless rendering, an offline Hugging Face hub: datasets
+and models are local files) are made here, at the entry, never on import of a library module.
 """
 
 from __future__ import annotations
@@ -11,8 +13,32 @@ import sys
 
 from robopolicy.config import ConfigError
 
-# Headless rendering unless the user chose a backend.
-os.environ.setdefault("MUJOCO_GL", "egl")
+PROCESS_ENV = {
+    "MUJOCO_GL": "egl",  # headless rendering unless the user chose a backend
+    "HF_HUB_OFFLINE": "1",  # datasets live on local disk and models in packages: never ask the hub
+    "TRANSFORMERS_OFFLINE": "1",
+}
+"""Environment variables the command sets unless the user set them (inherited by worker processes)."""
+
+
+def configure_process() -> None:
+    """Process-wide settings of the ``robopolicy`` command; a user's own value wins."""
+    for key, value in PROCESS_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def split_overrides(extra: list[str], accepts_overrides: bool) -> tuple[list[str], list[str]]:
+    """Arguments argparse did not take → ``(key=value overrides, unrecognized)``; ``--key=value``
+    is the same override as ``key=value``."""
+    overrides, stray = [], []
+    for arg in extra:
+        if arg.startswith("--") and "=" in arg and not arg.startswith("--="):
+            arg = arg[2:]
+        if accepts_overrides and not arg.startswith("-") and "=" in arg:
+            overrides.append(arg)
+        else:
+            stray.append(arg)
+    return overrides, stray
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,15 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_process()
     parser = build_parser()
     # argparse cannot take positional key=value overrides after options
-    # (`collect --env X seed=3 --episodes 2`); gather the stray ones here instead.
+    # (`collect --env X seed=3 --episodes 2`), nor --key=value ones; gather them here instead.
     args, extra = parser.parse_known_args(argv)
-    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    overrides, stray = split_overrides(extra, hasattr(args, "overrides"))
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
-    if extra:
-        args.overrides = list(args.overrides or []) + extra
+    if overrides:
+        args.overrides = list(args.overrides or []) + overrides
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

@@ -5,7 +5,9 @@ Every command loads its config the same way::
     cfg = load_config(SimViewConfig, "configs/sim/view.yaml", ["env.split=dt", "seed=3"])
 
 Unknown keys, wrong types and malformed files raise :class:`ConfigError` with the dotted
-key path and the file it came from, so a typo never silently falls back to a default.
+key path and the file it came from, so a typo never silently falls back to a default. A key
+that was renamed (:data:`RENAMED_KEYS`, e.g. ``out_dir`` → ``out``) still loads, with a warning
+naming the new key.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, TypeVar, Union, get_args, get_origin
 
 import yaml
 
 T = TypeVar("T")
+
+RENAMED_KEYS = {"out_dir": "out"}
+"""Old key → its one name across every command. A config class that has the new field accepts
+the old key with a warning (both at once is an error)."""
 
 
 class ConfigError(ValueError):
@@ -147,10 +154,26 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     return value
 
 
+def _renamed_keys(data: Mapping[str, Any], fields: Mapping[str, Any], source: str, prefix: str) -> Mapping[str, Any]:
+    """``data`` with renamed keys (:data:`RENAMED_KEYS`) under their new name, each one warned about."""
+    out = None
+    for old, new in RENAMED_KEYS.items():
+        if old not in data or old in fields or new not in fields:
+            continue
+        if new in data:
+            raise ConfigError(f"{source}: both '{prefix}{old}' and '{prefix}{new}' are set; "
+                              f"'{prefix}{old}' is the old name of '{prefix}{new}': keep only '{prefix}{new}'")
+        warnings.warn(f"{source}: key '{prefix}{old}' is deprecated, use '{prefix}{new}'", FutureWarning, stacklevel=4)
+        out = dict(data if out is None else out)
+        out[new] = out.pop(old)
+    return data if out is None else out
+
+
 def build(cls: type[T], data: Mapping[str, Any], source: str = "<config>", prefix: str = "") -> T:
     """Instantiate dataclass ``cls`` from a mapping, rejecting unknown keys by their dotted path."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    data = _renamed_keys(data, fields, source, prefix)
     unknown = [k for k in data if k not in fields]
     if unknown:
         known = ", ".join(sorted(fields))
@@ -167,6 +190,17 @@ def build(cls: type[T], data: Mapping[str, Any], source: str = "<config>", prefi
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {prefix or 'config'}: {exc}") from None
     return obj
+
+
+def current_key(cls: type, key: str) -> str:
+    """The field name ``cls`` has for the setting ``key``: ``key`` itself, or its old name
+    (:data:`RENAMED_KEYS`) where the class still uses that one."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    if key not in names:
+        for old, new in RENAMED_KEYS.items():
+            if new == key and old in names:
+                return old
+    return key
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterable[str] = ()) -> T:

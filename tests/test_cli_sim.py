@@ -28,7 +28,7 @@ def test_sim_view_writes_video_and_metrics(tmp_path, capsys, env_id, extra):
 
 
 def test_sim_demo_table(tmp_path, capsys):
-    rc = main(["sim", "demo", f"out_dir={tmp_path}", "tasks=[{id: robopolicy/ArmReach-v0}]"])
+    rc = main(["sim", "demo", f"out={tmp_path}", "tasks=[{id: robopolicy/ArmReach-v0}]"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "sim demo: " in out and "ArmReach-v0" in out

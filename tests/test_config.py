@@ -126,3 +126,68 @@ def test_shipped_train_configs_load_into_the_train_config():
         assert cfg.steps > 0, f.name
     fr = load_config(TrainConfig, root / "track" / "stage2_ground_free_run.yaml")
     assert "free_run" in fr.model.aux_heads and fr.loss.ground_free_run > 0
+
+
+@dataclass
+class Run:
+    out: str = "outputs/run"
+    seed: int = 0
+
+
+def test_renamed_key_loads_with_a_warning_naming_the_new_key(tmp_path):
+    from robopolicy.config import current_key
+
+    with pytest.warns(FutureWarning, match="'out_dir' is deprecated, use 'out'"):
+        assert load_config(Run, None, ["out_dir=x"]).out == "x"
+    with pytest.raises(ConfigError, match="keep only 'out'"):
+        load_config(Run, None, ["out_dir=x", "out=y"])
+    assert current_key(Run, "out") == "out"
+
+    @dataclass
+    class Old:
+        out_dir: str = "o"
+
+    assert current_key(Old, "out") == "out_dir"  # a class that still has the old field keeps it
+
+
+def test_cli_takes_dashed_overrides_and_names_unknown_arguments(tmp_path, capsys):
+    from robopolicy.cli import split_overrides
+
+    assert split_overrides(["--steps=5", "seed=1", "--data.features.labels=[]"], True) == (
+        ["steps=5", "seed=1", "data.features.labels=[]"], [])
+    assert split_overrides(["--verbose", "x"], True) == ([], ["--verbose", "x"])
+    assert split_overrides(["--steps=5"], False) == ([], ["steps=5"])
+
+
+def test_module_env_ids_import_their_module_and_plain_unknown_ids_say_how(tmp_path, monkeypatch):
+    import sys
+
+    import gymnasium
+
+    from robopolicy.envs import make_env, resolve_env_id
+
+    pkg = tmp_path / "outside_pkg_envs.py"
+    pkg.write_text("import gymnasium\n"
+                   "gymnasium.register('outside/Flat-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "outside/Flat-v0" not in gymnasium.registry
+    with pytest.raises(ConfigError, match="module:EnvId"):
+        resolve_env_id("outside/Flat-v0")
+    env = make_env(EnvConfig(id="outside_pkg_envs:outside/Flat-v0"), render_mode=None)
+    assert "outside_pkg_envs" in sys.modules and env.observation_space.shape == (4,)
+    env.close()
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module'"):
+        resolve_env_id("no_such_module:Thing-v0")
+    with pytest.raises(ConfigError, match="did not register it"):
+        resolve_env_id("outside_pkg_envs:outside/Other-v0")
+    del gymnasium.registry["outside/Flat-v0"]
+
+
+def test_eval_output_is_unique_per_checkpoint(tmp_path):
+    from robopolicy.commands.eval import default_out
+
+    a, b = default_out("outputs/train/arm/final"), default_out("outputs/train/track/final")
+    assert a.parent.as_posix() == "outputs/eval" and a.name.startswith("arm-final-")
+    assert a != b and default_out("outputs/refine/arm/final") != a
+    assert default_out("runs/x/checkpoints/step_000500").name.startswith("x-checkpoints-step_000500-")
+    assert default_out("outputs/train/arm/final") == a  # stable

@@ -24,7 +24,7 @@ TINY = [
 
 def test_quickstart_pipeline_end_to_end(tmp_path, capsys):
     out = tmp_path / "qs"
-    overrides = [f"out_dir={out}", f"train.data.cache_dir={tmp_path / 'cache'}",
+    overrides = [f"out={out}", f"train.data.cache_dir={tmp_path / 'cache'}",
                  f"train.data.feature_cache_dir={tmp_path / 'features'}", *TINY]
     cfg = load_quickstart_config(DEFAULT_CONFIG, overrides)
     numbers = run_quickstart(cfg)

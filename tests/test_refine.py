@@ -855,10 +855,10 @@ def test_refine_saves_its_resolved_config_that_reruns_the_same_run(tmp_path, cap
     assert not list(out.glob(".*tmp*"))
 
     refused = tmp_path / "refused"
-    args = build_parser().parse_args(["refine", "--method", "ppo", "--base", str(tmp_path / "ckpt"), "--env",
+    args = build_parser().parse_args(["refine", "--method", "ppo", "--checkpoint", str(tmp_path / "ckpt"), "--env",
                                       "robopolicy/PointReach-v0", "--out", str(refused)])
     assert args.func(args) == 2
-    assert "drop --base" in capsys.readouterr().out and not refused.exists()
+    assert "drop --checkpoint" in capsys.readouterr().out and not refused.exists()
 
 
 def test_stages_chain_runs_each_from_the_last_and_goes_on_after_a_stop(tmp_path, monkeypatch, capsys):

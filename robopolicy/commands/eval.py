@@ -3,32 +3,40 @@
     robopolicy eval --checkpoint outputs/train/pf_staged --env robopolicy/PersonFollow-v0 --episodes 200 --workers 2
     robopolicy eval --checkpoint outputs/train/arm_act --env robopolicy/ArmPickPlace-v0 --episodes 50 \\
         chunk.mode=ensemble chunk.ensemble_coeff=0.01
-    robopolicy eval --checkpoint CKPT --config configs/eval/pusht.yaml   # any gymnasium env + mapping
+    robopolicy eval --checkpoint CKPT --config configs/eval/pusher.yaml  # any gymnasium env + mapping
+    robopolicy eval --checkpoint CKPT --env my_pkg.envs:MyEnv-v0 --episodes=10  # module:EnvId imports my_pkg.envs
+
+Results go to ``--out``, by default ``outputs/eval/<name>``, a name derived from the checkpoint
+path (:func:`default_out`), so evaluations of different checkpoints never overwrite each other.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from robopolicy.config import ConfigError, load_config, load_yaml, parse_overrides
+from robopolicy.config import ConfigError, current_key, load_config, load_yaml, parse_overrides
 from robopolicy.eval.config import EvalConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint in simulation (vectorized, per-split metrics, videos)")
-    p.add_argument("--checkpoint", help="policy directory (Policy.save)")
-    p.add_argument("--env", help="env id, e.g. robopolicy/PersonFollow-v0 (default: the checkpoint's)")
+    p.add_argument("--checkpoint", help="policy checkpoint directory (plain, modular or refined)")
+    p.add_argument("--env", help="env id: a registered one (robopolicy/PersonFollow-v0, Pusher-v5) or "
+                   "module:EnvId, whose module is imported to register it (default: the checkpoint's)")
     p.add_argument("--split", action="append", help="PersonFollow split (repeatable; default: all three)")
     p.add_argument("--episodes", type=int, help="episodes per split (seeds seed..seed+N-1)")
     p.add_argument("--workers", type=int, help="parallel envs (worker processes when > 1)")
     p.add_argument("--seed", type=int, help="first episode seed")
     p.add_argument("--videos", type=int, help="MP4s of the first N episodes per split")
-    p.add_argument("--out", help="output directory (default outputs/eval/<checkpoint name>)")
+    p.add_argument("--out", help="output directory (default: outputs/eval/<name derived from the checkpoint path>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--config", help="YAML config (EvalConfig)")
+    p.add_argument("--config", help="YAML config (EvalConfig), e.g. configs/eval/pusher.yaml: gymnasium's Pusher-v5 "
+                   "with the mapping of its observation to the policy's keys")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_eval)
 
@@ -36,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
     for flag, key in (("checkpoint", "checkpoint"), ("env", "env.id"), ("episodes", "episodes"),
-                      ("workers", "workers"), ("seed", "seed"), ("videos", "videos"), ("out", "out_dir")):
+                      ("workers", "workers"), ("seed", "seed"), ("videos", "videos"),
+                      ("out", current_key(EvalConfig, "out"))):
         value = getattr(args, flag)
         if value is not None:
             out.append(f"{key}={value}")
@@ -87,6 +96,32 @@ def checkpoint_env(checkpoint: str | Path) -> dict[str, Any] | None:
     return None
 
 
+GENERIC_NAMES = re.compile(r"final|best|last|latest|checkpoint|checkpoints|step_\d+|model")
+"""Checkpoint directory names that say which snapshot, not which run (``final``, ``step_000500``)."""
+
+
+def default_out(checkpoint: str | Path) -> Path:
+    """``outputs/eval/<name>``, unique per checkpoint: the checkpoint's directory name, prefixed
+    with its run's where the name is generic (``arm_pp-final``), and a short digest of its full
+    path (two runs named alike in different folders still get two directories)."""
+    path = Path(checkpoint)
+    parts = [p for p in path.parts if p not in ("/", ".", "..")] or ["checkpoint"]
+    name = [parts[-1]]
+    for parent in reversed(parts[:-1]):
+        if not GENERIC_NAMES.fullmatch(name[0]):
+            break
+        name.insert(0, parent)
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:6]
+    return Path("outputs/eval") / f"{'-'.join(name)}-{digest}"
+
+
+def _out_given(args: argparse.Namespace) -> bool:
+    """Whether the user chose the output directory (flag, config file or override, old key included)."""
+    keys = ("out", "out_dir")
+    file_keys = load_yaml(args.config) if args.config else {}
+    return args.out is not None or any(k in parse_overrides(args.overrides) or k in file_keys for k in keys)
+
+
 def _env_given(args: argparse.Namespace) -> bool:
     """Whether the user chose the env id (flag, config file or override)."""
     if args.env:
@@ -102,9 +137,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = load_config(EvalConfig, args.config, _overrides(args))
     if not cfg.checkpoint:
         raise ConfigError("no checkpoint: give --checkpoint DIR (or checkpoint: in the config)")
-    if args.out is None and "out_dir" not in parse_overrides(args.overrides) and not (
-            args.config and "out_dir" in load_yaml(args.config)):
-        cfg.out_dir = str(Path("outputs/eval") / Path(cfg.checkpoint).name)
+    out_key = current_key(EvalConfig, "out")
+    if not _out_given(args):
+        setattr(cfg, out_key, str(default_out(cfg.checkpoint)))
+    out = getattr(cfg, out_key)
     try:
         policy = load_policy(cfg.checkpoint, cfg.device)
     except (FileNotFoundError, ValueError, KeyError) as exc:
@@ -118,5 +154,5 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report = evaluate(policy, cfg)
     print()
     print(report.table())
-    print(f"\nresults: {cfg.out_dir}/eval.json, {cfg.out_dir}/eval.md; videos: {cfg.out_dir}/videos/")
+    print(f"\nresults: {out}/eval.json, {out}/eval.md; videos: {out}/videos/")
     return 0

@@ -6,27 +6,29 @@
 Three stages, each with a progress line: collect a small oracle dataset (``robopolicy collect``)
 → train a small policy (``robopolicy train``) → evaluate it (``robopolicy eval``); then print the
 table, write the plots (loss curves, per-split metrics) and the videos, and end with a one-line
-summary. Everything lands under ``out_dir``::
+summary. Everything lands under ``out``::
 
-    <out_dir>/dataset/          LeRobot v3.0 dataset of oracle episodes (reused when complete)
-    <out_dir>/train/            checkpoints, final/ (the policy), losses.png, metrics.csv
-    <out_dir>/eval/             eval.json, eval.md, videos/*.mp4
-    <out_dir>/metrics.png       per-split success / tracking / collision
-    <out_dir>/quickstart.json   the numbers of the run, stage timings included
+    <out>/dataset/          LeRobot v3.0 dataset of oracle episodes (reused when complete)
+    <out>/train/            checkpoints, final/ (the policy), losses.png, metrics.csv
+    <out>/eval/             eval.json, eval.md, videos/*.mp4
+    <out>/metrics.png       per-split success / tracking / collision
+    <out>/quickstart.json   the numbers of the run, stage timings included
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from robopolicy.data.collect import CollectConfig
+from robopolicy.config import current_key
 from robopolicy.eval.config import EvalConfig
+
+EVAL_OUT = current_key(EvalConfig, "out")
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 
@@ -39,16 +41,16 @@ def _train_config():
 
 @dataclass
 class QuickstartConfig:
-    """collect → train → eval; sub-paths left at their defaults are placed under ``out_dir``."""
+    """collect → train → eval; sub-paths left at their defaults are placed under ``out``."""
 
-    out_dir: str = "outputs/quickstart"
+    out: str = "outputs/quickstart"
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: Any = field(default_factory=_train_config)
     """A ``robopolicy.train.TrainConfig`` (``data.dataset`` defaults to the collected dataset)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """``env`` defaults to the collection env; ``checkpoint`` to the trained policy."""
     fresh: bool = False
-    """Collect again even when ``<out_dir>/dataset`` already holds the episodes."""
+    """Collect again even when ``<out>/dataset`` already holds the episodes."""
 
 
 def load_quickstart_config(path: str | None, overrides: list[str]) -> QuickstartConfig:
@@ -70,18 +72,18 @@ def load_quickstart_config(path: str | None, overrides: list[str]) -> Quickstart
 
 
 def resolve_paths(cfg: QuickstartConfig) -> QuickstartConfig:
-    """Place the dataset, the run and the evaluation under ``out_dir`` unless the config set them."""
+    """Place the dataset, the run and the evaluation under ``out`` unless the config set them."""
     from robopolicy.train import TrainConfig
 
-    out = Path(cfg.out_dir)
+    out = Path(cfg.out)
     if cfg.collect.out == CollectConfig().out:
         cfg.collect.out = str(out / "dataset")
     if cfg.train.out == TrainConfig().out:
         cfg.train.out = str(out / "train")
     if not cfg.train.data.dataset:
         cfg.train.data.dataset = cfg.collect.out
-    if cfg.eval.out_dir == EvalConfig().out_dir:
-        cfg.eval.out_dir = str(out / "eval")
+    if getattr(cfg.eval, EVAL_OUT) == getattr(EvalConfig(), EVAL_OUT):
+        setattr(cfg.eval, EVAL_OUT, str(out / "eval"))
     if cfg.eval.env.id == EvalConfig().env.id and not cfg.eval.env.kwargs:
         cfg.eval.env = cfg.collect.env
     if cfg.eval.image_size is None:
@@ -140,8 +142,6 @@ def _headline(report: Any) -> str:
 
 def run_quickstart(cfg: QuickstartConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Collect → train → eval; returns the numbers written to ``quickstart.json``."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from robopolicy.commands.eval import load_policy
     from robopolicy.data.collect import collect
     from robopolicy.data.recorder import read_info
@@ -149,7 +149,7 @@ def run_quickstart(cfg: QuickstartConfig, log: Callable[[str], None] = print) ->
     from robopolicy.train import train
 
     cfg = resolve_paths(cfg)
-    out = Path(cfg.out_dir)
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     timings: dict[str, float] = {}
@@ -193,7 +193,7 @@ def run_quickstart(cfg: QuickstartConfig, log: Callable[[str], None] = print) ->
     cfg.eval.checkpoint = str(result.final)
     splits = cfg.eval.split_list()
     t = _stage(3, f"evaluate {cfg.eval.episodes} episodes x {len(splits)} split(s) of {cfg.eval.env.id} "
-                  f"with {cfg.eval.workers} worker(s) -> {cfg.eval.out_dir}", log)
+                  f"with {cfg.eval.workers} worker(s) -> {getattr(cfg.eval, EVAL_OUT)}", log)
     policy = load_policy(result.final, cfg.eval.device)
     report = evaluate(policy, cfg.eval, log=log)
     timings["eval_s"] = time.perf_counter() - t
@@ -209,7 +209,7 @@ def run_quickstart(cfg: QuickstartConfig, log: Callable[[str], None] = print) ->
         "train": {"steps": result.steps, "samples_per_s": result.samples_per_s,
                   "first_loss": result.first_losses.get("total"), "last_loss": result.last_losses.get("total")},
         "timings_s": timings,
-        "files": {"eval_table": str(Path(cfg.eval.out_dir) / "eval.md"), "metrics_plot": str(plot) if plot else None,
+        "files": {"eval_table": str(Path(getattr(cfg.eval, EVAL_OUT)) / "eval.md"), "metrics_plot": str(plot) if plot else None,
                   "loss_plot": str(loss_plot) if loss_plot.exists() else None, "videos": videos,
                   "checkpoint": str(result.final)},
     }
@@ -236,7 +236,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.out:
-        overrides.insert(0, f"out_dir={args.out}")
+        overrides.insert(0, f"out={args.out}")
     config = args.config
     if config == DEFAULT_CONFIG and not Path(config).exists():
         config = None  # run from outside the repository: built-in defaults

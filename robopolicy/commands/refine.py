@@ -1,13 +1,13 @@
 """``robopolicy refine``: refine a policy in simulation (residual PPO / TD3, DAgger, RPD) or train PPO from scratch.
 
-    robopolicy refine --method residual-ppo --base outputs/train/arm_pp/final --env robopolicy/ArmPickPlace-v0 \\
+    robopolicy refine --method residual-ppo --checkpoint outputs/train/arm_pp/final --env robopolicy/ArmPickPlace-v0 \\
         --config configs/refine/residual_ppo/arm.yaml total_env_steps=50000
-    robopolicy refine --method residual-td3 --base outputs/train/arm_reach_state_10/final --env robopolicy/ArmReach-v0 \\
+    robopolicy refine --method residual-td3 --checkpoint outputs/train/arm_reach_state_10/final --env robopolicy/ArmReach-v0 \\
         --config configs/refine/residual_td3/reach_state.yaml
     robopolicy refine --method ppo --env robopolicy/ArmPickPlace-v0 --config configs/refine/ppo/arm.yaml
-    robopolicy refine --method dagger --base outputs/train/pf_staged/final --env robopolicy/PersonFollow-v0 --split dt \\
+    robopolicy refine --method dagger --checkpoint outputs/train/pf_staged/final --env robopolicy/PersonFollow-v0 --split dt \\
         --config configs/refine/dagger/track.yaml
-    robopolicy refine --method rpd --base outputs/train/arm_reach/final --env robopolicy/ArmReach-v0 \\
+    robopolicy refine --method rpd --checkpoint outputs/train/arm_reach/final --env robopolicy/ArmReach-v0 \\
         --config configs/refine/rpd/arm.yaml
 
 Each run writes ``<out>/refine_config.yaml`` (the resolved config, the method in its first line,
@@ -20,16 +20,21 @@ before / after table.
 from __future__ import annotations
 
 import argparse
+import sys
+
+from robopolicy.config import ConfigError, current_key
 
 METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "rpd")
 NEEDS_BASE = {"residual-ppo": " (or use --method ppo)", "residual-td3": "", "dagger": "", "rpd": " (the teacher)"}
-"""The methods that refine (or distil) a checkpoint given by --base, and what their error adds."""
+"""The methods that refine (or distil) a checkpoint given by --checkpoint, and what their error adds."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("refine", help="refine a policy in simulation: residual PPO / TD3, DAgger, RPD (or PPO from scratch)")
     p.add_argument("--method", required=True, choices=METHODS)
-    p.add_argument("--base", help="checkpoint to refine (residual-ppo, residual-td3, dagger) or the teacher (rpd)")
+    p.add_argument("--checkpoint", help="policy checkpoint to refine (the frozen base of residual-ppo / residual-td3, "
+                   "the policy DAgger trains on) or the teacher (rpd); sets the config's 'base'")
+    p.add_argument("--base", help=argparse.SUPPRESS)  # the old name of --checkpoint
     p.add_argument("--env", help="env id, e.g. robopolicy/ArmPickPlace-v0")
     p.add_argument("--split", help="PersonFollow split (stt, dt, at)")
     p.add_argument("--out", help="output directory")
@@ -57,13 +62,18 @@ def config_class(method: str) -> type:
 def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
     if args.base:
-        out.append(f"base={args.base}")
+        print("robopolicy refine: --base is deprecated, use --checkpoint", file=sys.stderr)
+        if args.checkpoint and args.checkpoint != args.base:
+            raise ConfigError("both --checkpoint and --base (its old name) are given: keep --checkpoint")
+    checkpoint = args.checkpoint or args.base
+    if checkpoint:
+        out.append(f"base={checkpoint}")
     if args.env:
         out.append(f"env.id={args.env}")
     if args.split:
         out.append(f"env.kwargs.split={args.split}")
     if args.out:
-        out.append(f"out_dir={args.out}")
+        out.append(f"{current_key(config_class(args.method), 'out')}={args.out}")
     if args.no_progress:
         out.append("progress=false")
     return out + list(args.overrides)
@@ -82,10 +92,10 @@ def cmd_refine(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(config_class(args.method), args.config, overrides)
         if args.method == "ppo" and cfg.base:
-            print("robopolicy refine: --method ppo trains from scratch; drop --base (or use residual-ppo)")
+            print("robopolicy refine: --method ppo trains from scratch; drop --checkpoint (or use residual-ppo)")
             return 2
         if args.method in NEEDS_BASE and not cfg.base:
-            print(f"robopolicy refine: --method {args.method} needs --base CKPT{NEEDS_BASE[args.method]}")
+            print(f"robopolicy refine: --method {args.method} needs --checkpoint CKPT{NEEDS_BASE[args.method]}")
             return 2
         from robopolicy.refine.common import save_run_config
 
@@ -145,5 +155,5 @@ def cmd_refine(args: argparse.Namespace) -> int:
         other = ", ".join(f"{k} {v:.3f}" for k, v in (row[2] if len(row) > 2 else {}).items())
         print(f"| {row[0]} | {100 * row[1]:.1f}% | {other} |")
     print(f"\n{extra}\nenv steps {s['env_steps']}, {s['seconds']:.0f} s; checkpoint {s['checkpoint']}; "
-          f"curve {cfg.out_dir}/curve.png")
+          f"curve {getattr(cfg, current_key(type(cfg), 'out'))}/curve.png")
     return 0

@@ -1,15 +1,22 @@
 """``robopolicy run``: drive a robot (simulated or real) with a policy through the control node.
 
     robopolicy run --robot configs/robots/sim_arm.yaml --policy sine --duration 10
+    robopolicy run --robot configs/robots/sim_arm.yaml --checkpoint outputs/train/arm_pp/final --duration 30
     robopolicy run --robot configs/robots/sim_base.yaml --policy arc:v=0.3,omega=0.2
     robopolicy run --config deploy.yaml robot.loop.rate_hz=250
+
+Exit status: 0, 3 when a fault was latched at the end, 128 + the signal's number when SIGINT
+(130), SIGTERM (143) or SIGHUP (129) ended the run; each way runs the safe stop, disconnects the
+driver and writes the report.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from robopolicy.config import build, deep_merge, load_yaml, parse_overrides
+from robopolicy.config import ConfigError, build, deep_merge, load_yaml, parse_overrides
 from robopolicy.deploy.run import RunConfig, run
 
 
@@ -17,7 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the real-time control node with a policy worker (sim or real robot)")
     p.add_argument("--config", help="YAML RunConfig (robot, policy, duration, report)")
     p.add_argument("--robot", help="YAML robot config (configs/robots/*.yaml); replaces the config's robot")
-    p.add_argument("--policy", help="checkpoint directory or scripted spec: hold, sine[:amp=..], arc[:v=..], replay:FILE.npz")
+    p.add_argument("--checkpoint", help="policy checkpoint directory to run")
+    p.add_argument("--policy", help="scripted source instead of a checkpoint: hold, sine[:amp=..], arc[:v=..], "
+                   "replay:FILE.npz")
     p.add_argument("--duration", type=float, help="seconds to run (default: until q + Enter or Ctrl-C)")
     p.add_argument("--report", help="where to write the JSON timing report")
     p.add_argument("overrides", nargs="*", metavar="key=value")
@@ -31,6 +40,12 @@ def load_run_config(args: argparse.Namespace) -> RunConfig:
         data["robot"] = load_yaml(args.robot)
         source += f" + {args.robot}"
     flags = {k: getattr(args, k) for k in ("policy", "duration", "report") if getattr(args, k) is not None}
+    if args.policy and Path(args.policy).is_dir():
+        print("robopolicy run: a checkpoint directory given as --policy is deprecated, use --checkpoint", file=sys.stderr)
+    if args.checkpoint:
+        if args.policy:
+            raise ConfigError("give --checkpoint DIR or a scripted --policy, not both")
+        flags["policy"] = args.checkpoint
     data = deep_merge(data, flags)
     if args.overrides:
         data = deep_merge(data, parse_overrides(args.overrides))
@@ -50,5 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"faults: {[f['code'] for f in report['faults']] or 'none'}")
     if report.get("task"):
         print(f"task: {report['task']}")
+    shutdown = report.get("shutdown") or {}
+    if shutdown.get("signal"):
+        print(f"stopped by {shutdown['signal']}: driver stopped {bool(shutdown.get('driver_stopped'))}, "
+              f"disconnected {bool(shutdown.get('driver_disconnected'))}")
     print(f"timing report: {cfg.report}")
-    return 0
+    return report["exit_code"]  # 128 + signal, 3 with a latched fault, else 0

@@ -29,12 +29,12 @@ class SimViewConfig:
 
 @dataclass
 class SimDemoConfig:
-    """An oracle episode of each listed task, each rendered to ``out_dir/<task>.mp4``."""
+    """An oracle episode of each listed task, each rendered to ``out/<task>.mp4``."""
 
     tasks: list[EnvConfig] = field(default_factory=lambda: [EnvConfig()])
     seed: int = 0
     noise: float = 0.0
-    out_dir: str = "outputs/sim_demo"
+    out: str = "outputs/sim_demo"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -135,7 +135,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = load_config(SimDemoConfig, args.config, args.overrides)
-    out_dir = Path(cfg.out_dir)
+    out_dir = Path(cfg.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rows = []
