@@ -8,6 +8,17 @@ latches until :meth:`reset`. A watchdog thread catches a driver call (read/write
 return: it counts only the time it was awake to see, so a process that the OS (or another thread
 holding the GIL) did not run for a while is a *stall* (counted, and the overrun deadlines counted
 by the timer), not a driver hang.
+
+What the watchdog cannot see: a driver call that holds the GIL (a C extension that blocks without
+releasing it) stops the watchdog as well, exactly as a stall of the whole process does, so it is
+counted as a stall, and no thread of this process can act before the call returns. The tick
+therefore judges every command's age with a clock read *after* the driver returns, and refuses
+to write a command older than ``command_timeout`` (``command_timeout`` fault instead): a frozen
+call can delay the stop, never make the robot execute a stale command. Driver calls that overran
+``driver_timeout`` are counted (``slow_driver_calls``, longest in ms) in the report. A driver
+whose calls may hold the GIL belongs in its own process (``hardware.drivers.sim_process`` runs
+the simulated robots that way; the tick then only copies shared memory), where the watchdog's
+reach is the driver's whole call.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ import numpy as np
 
 from hardware.control.clock import TickTimer, setup_realtime, sleep_until, thread_usage
 from hardware.control.faults import FaultLatch
-from hardware.control.safety import NonFiniteCommand, SafetyFilter
+from hardware.control.safety import SafetyFilter, UnsafeCommand
 from hardware.control.scheduler import ActionScheduler, WaypointFollower
 from hardware.control.source import ActionSource
 
@@ -69,6 +80,10 @@ class ControlNode:
         self.last_command: np.ndarray | None = None
         self.last_chunk_t_obs = math.nan
         self.driver_errors = 0
+        self.slow_driver_calls = 0  # driver calls that returned after more than driver_timeout
+        self.longest_driver_call = 0.0
+        self.stop_commanded = False  # driver.stop() was called (and returned) at least once
+        self.stop_time: float | None = None  # time.monotonic() when the last driver.stop() returned
         self._stop_sent = False
         self._stop_lock = threading.Lock()
         self._estop_request: tuple[str, float] | None = None
@@ -99,13 +114,14 @@ class ControlNode:
         self._watchdog.start()
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the loop (commanding a safe stop) and the source; the driver stays connected."""
+        """Stop the loop, command the driver's safe stop (again, even after a fault's) and close
+        the source; the driver stays connected. The loop ends within one period, then stops."""
         self._running.clear()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._safe_stop(force=True)
         if self._watchdog is not None:
             self._watchdog.join(timeout)
-        self._safe_stop()
         if self.source is not None:
             self.source.close()
 
@@ -134,13 +150,14 @@ class ControlNode:
         return self.faults.active
 
     # -- internals --------------------------------------------------------------------------
-    def _safe_stop(self, t_event: float | None = None) -> None:
+    def _safe_stop(self, t_event: float | None = None, force: bool = False) -> None:
         with self._stop_lock:
-            if self._stop_sent:
+            if self._stop_sent and not force:
                 return
             self._stop_sent = True
         try:
             self.driver.stop()
+            self.stop_commanded, self.stop_time = True, time.monotonic()
         except Exception as exc:  # the fault is already latched; keep the reason
             self.faults.trip("driver_error", f"stop() raised {exc!r}")
         fault = self.faults.active
@@ -150,6 +167,15 @@ class ControlNode:
     def _trip(self, code: str, reason: str, t_event: float | None = None) -> None:
         self.faults.trip(code, reason, t_event)
         self._safe_stop(t_event)
+
+    def _trip_stale(self, t: float) -> None:
+        self._trip("command_timeout", f"no fresh command for {t - self.scheduler.last_fresh:.3f}s "
+                                      f"(timeout {self.command_timeout:.3f}s)")
+
+    def _driver_call_took(self, seconds: float) -> None:
+        if seconds > self.cfg.driver_timeout:
+            self.slow_driver_calls += 1
+            self.longest_driver_call = max(self.longest_driver_call, seconds)
 
     def _hold_command(self, obs: dict[str, Any] | None) -> np.ndarray | None:
         if self.kind == "base":
@@ -232,6 +258,7 @@ class ControlNode:
             obs = self.driver.read()
             t_obs = time.monotonic()
             self._in_driver = None
+            self._driver_call_took(t_obs - now)
         except Exception as exc:
             self.driver_errors += 1
             if not self.faults.tripped:
@@ -265,34 +292,40 @@ class ControlNode:
                     self._got_first_chunk = self._got_first_chunk or math.isfinite(self.scheduler.last_fresh)
                     self.last_chunk_t_obs = chunk.t_obs
 
-        # 4. command
+        # 4. command: due and aged by the clock *after* the read returned (a read can freeze)
         sent = None
         if not self.faults.tripped and obs is not None:
+            t_cmd = time.monotonic()
             if self.kind == "base":
-                self.scheduler.integrate(self.last_command if self.last_command is not None else np.zeros(2), now)
-            cmd = self.scheduler.command_at(now)
+                self.scheduler.integrate(self.last_command if self.last_command is not None else np.zeros(2), t_cmd)
+            cmd = self.scheduler.command_at(t_cmd)
+            from_policy = cmd is not None
             if cmd is None:
-                if self._got_first_chunk and now - self.scheduler.last_fresh > self.command_timeout:
-                    self._trip("command_timeout", f"no fresh command for {now - self.scheduler.last_fresh:.3f}s "
-                                                  f"(timeout {self.command_timeout:.3f}s)")
-                elif not self._got_first_chunk and now - self._t_start > self.cfg.startup_timeout:
+                if self._got_first_chunk and t_cmd - self.scheduler.last_fresh > self.command_timeout:
+                    self._trip_stale(t_cmd)
+                elif not self._got_first_chunk and t_cmd - self._t_start > self.cfg.startup_timeout:
                     self._trip("command_timeout", f"no first command within {self.cfg.startup_timeout:.0f}s")
                 cmd = self._hold_command(obs)
-            elif now - self.scheduler.last_fresh > self.command_timeout:
-                self._trip("command_timeout", f"no fresh command for {now - self.scheduler.last_fresh:.3f}s "
-                                              f"(timeout {self.command_timeout:.3f}s)")
+            elif t_cmd - self.scheduler.last_fresh > self.command_timeout:
+                self._trip_stale(t_cmd)
                 cmd = None
             if cmd is not None and not self.faults.tripped:
                 try:
                     safe = self.safety(cmd)
-                except NonFiniteCommand as exc:
-                    self._trip("non_finite", str(exc))
+                except UnsafeCommand as exc:
+                    self._trip(exc.code, str(exc))
+                    safe = None
+                # last look at the clock: never write a policy command older than its limit
+                if safe is not None and from_policy \
+                        and time.monotonic() - self.scheduler.last_fresh > self.command_timeout:
+                    self._trip_stale(time.monotonic())
                     safe = None
                 if safe is not None:
                     try:
-                        self._in_driver = time.monotonic()
+                        t_write = self._in_driver = time.monotonic()
                         sent = self.driver.write(safe)
                         self._in_driver = None
+                        self._driver_call_took(time.monotonic() - t_write)
                         self.last_command = np.asarray(sent, dtype=np.float64)
                     except Exception as exc:
                         self.driver_errors += 1
@@ -341,6 +374,7 @@ class ControlNode:
             },
             "safety_clamps": dict(self.safety.counts),
             "driver_errors": self.driver_errors,
+            "slow_driver_calls": {"count": self.slow_driver_calls, "longest_ms": self.longest_driver_call * 1e3},
             "stalls": {"count": self.stalls, "longest_ms": self.longest_stall * 1e3},
             "source": self.source.stats() if self.source is not None else None,
             "faults": [f.as_dict() for f in self.faults.history],

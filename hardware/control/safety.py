@@ -1,6 +1,9 @@
 """SafetyFilter: every command passes here between the scheduler and the driver.
 
-In order: non-finite values → fault (the command is refused, never "repaired"); clamp to the
+In order: non-finite values → fault (the command is refused, never "repaired"); a value far
+outside the command bounds (``fault_spans`` times the bound's span beyond it, 3 by default) →
+fault too: a policy that asks for 1e6 rad is broken, and clamping would drive the joint into its
+limit; clamp to the
 command bounds; clamp the change per tick (rate limit: joint velocity for an arm, acceleration
 for a base) and the change of that change (joint acceleration / jerk); then the workspace box:
 a command whose workspace point (e.g. the tool-centre point from forward kinematics) falls
@@ -17,8 +20,22 @@ import numpy as np
 from hardware.drivers.base import DriverSpec
 
 
-class NonFiniteCommand(ValueError):
-    """The command contains NaN or inf: a fault, not something to clamp."""
+class UnsafeCommand(ValueError):
+    """A command refused outright (a fault, never clamped); ``code`` names the fault."""
+
+    code = "unsafe_command"
+
+
+class NonFiniteCommand(UnsafeCommand):
+    """The command contains NaN or inf (or has the wrong shape): a fault, not something to clamp."""
+
+    code = "non_finite"
+
+
+class OutOfRangeCommand(UnsafeCommand):
+    """A command value far outside the robot's range: a fault, not something to clamp."""
+
+    code = "out_of_range"
 
 
 class SafetyFilter:
@@ -30,10 +47,19 @@ class SafetyFilter:
         workspace_low: np.ndarray | None = None,
         workspace_high: np.ndarray | None = None,
         workspace_point: Callable[[np.ndarray], np.ndarray] | None = None,
+        fault_spans: float | None = 3.0,
     ):
         self.spec, self.dt = spec, float(dt)
         n = spec.dim
         self.low, self.high = spec.command_low, spec.command_high
+        # Beyond these a command is a fault; a bound without a finite span gets no such limit.
+        low, high = (np.broadcast_to(np.asarray(v, float), (n,)) for v in (self.low, self.high))
+        span = high - low
+        if fault_spans is not None and not float(fault_spans) >= 0:
+            raise ValueError(f"fault_spans must be >= 0 (or None: never), got {fault_spans}")
+        reach = (np.full(n, np.inf) if fault_spans is None
+                 else np.where(np.isfinite(span), span * float(fault_spans), np.inf))
+        self.fault_low, self.fault_high = low - reach, high + reach
         self.max_rate, self.max_rate2 = spec.max_rate, spec.max_rate2
         self.max_step = None if max_step is None else np.broadcast_to(np.asarray(max_step, float), (n,)).copy()
         if (workspace_low is None) != (workspace_high is None):
@@ -60,6 +86,12 @@ class SafetyFilter:
         self._limits = tuple(np.broadcast_to(np.asarray(v, float), (n,)).tolist() for v in (self.low, self.high, step, acc))
         self._fast = True  # tests compare against the staged path alone
 
+    def low_at(self, j: int) -> float:
+        return float(np.broadcast_to(np.asarray(self.low, float), (self.spec.dim,))[j])
+
+    def high_at(self, j: int) -> float:
+        return float(np.broadcast_to(np.asarray(self.high, float), (self.spec.dim,))[j])
+
     def reset(self, current: np.ndarray) -> None:
         """Start from ``current`` (arm: measured position; base: measured twist), at rest."""
         self._prev = np.asarray(current, dtype=np.float64).reshape(self.spec.dim).tolist()
@@ -85,6 +117,13 @@ class SafetyFilter:
         if not np.isfinite(cmd).all():
             self.counts["non_finite"] += 1
             raise NonFiniteCommand(f"non-finite command {cmd.tolist()}")
+        far = (cmd < self.fault_low) | (cmd > self.fault_high)
+        if far.any():
+            self.counts["out_of_range"] += 1
+            j = int(np.argmax(far))
+            raise OutOfRangeCommand(f"command {cmd[j]:.6g} for {self.spec.names[j]!r} is far outside "
+                                    f"[{self.low_at(j):.6g}, {self.high_at(j):.6g}] (fault beyond "
+                                    f"[{self.fault_low[j]:.6g}, {self.fault_high[j]:.6g}])")
         out = np.clip(cmd, self.low, self.high)
         if not np.array_equal(out, cmd):
             self.counts["position" if self.spec.kind == "arm" else "command"] += 1

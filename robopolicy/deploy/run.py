@@ -4,6 +4,13 @@ Builds the driver, the scheduler (chunks for an arm, waypoints for a base), the 
 and the policy worker process from a :class:`RunConfig`, runs the loop with a live status line,
 and writes a JSON timing report at exit. Keys while running (stdin): ``e`` + Enter = e-stop,
 ``r`` + Enter = reset the latched fault, ``q`` + Enter = quit. SIGUSR1 = e-stop.
+
+Every way out (the duration, ``q``, SIGINT, SIGTERM, SIGHUP, an exception) takes the same path:
+the loop stops and commands the driver's safe stop, the worker is ended, the driver is
+disconnected and the report is written. A signal that arrives while that path runs (a second
+Ctrl-C, systemd's SIGTERM after SIGINT) is noted in the report, never allowed to cut it short.
+The exit code (:func:`exit_code`) says how the run ended: 128 + the signal's number (130 SIGINT,
+143 SIGTERM, 129 SIGHUP), 3 with a fault latched at the end, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -136,18 +143,73 @@ def format_status(s: dict[str, Any]) -> str:
             f"| chunk age {num(s['chunk_age_ms'], '.0f')} ms | clamps {s['clamps']} | fault {s['fault'] or 'none'}")
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FAULT_EXIT = 3  # a run that ended with a latched fault
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread by the first stop signal (a BaseException, like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGINT, SIGTERM and SIGHUP all end the run through the same shutdown path.
+
+    A signal is always recorded. The first one raises :class:`Interrupted` only while the main
+    loop has ``armed`` the handler (its sleep); anywhere else the loop sees ``first`` at its next
+    check. So no signal, first or later, can interrupt the safe stop, the driver's disconnect or
+    the report. The previous handlers come back on :meth:`restore`.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, float]] = []  # (signal name, time.monotonic())
+        self.first: int | None = None
+        self.armed = False
+        self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received.append((signal.Signals(signum).name, time.monotonic()))
+        if self.first is None:
+            self.first = signum
+            if self.armed:
+                self.armed = False
+                raise Interrupted(signum)
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """128 + signal number when a signal ended the run, 3 with a latched fault, else 0."""
+    signum = (report.get("shutdown") or {}).get("signum")
+    if signum:
+        return 128 + int(signum)
+    return FAULT_EXIT if report.get("active_fault") else 0
+
+
 def run(cfg: RunConfig) -> dict[str, Any]:
-    """Run until the duration ends (or q / Ctrl-C); returns the report (also written to cfg.report)."""
+    """Run until the duration ends (q, a stop signal or an exception); returns the report (also
+    written to cfg.report). An exception is re-raised after the shutdown and the report."""
     driver, node = build_node(cfg)
+    signals = StopSignals()
     signal.signal(signal.SIGUSR1, lambda *_: node.estop("SIGUSR1"))
-    driver.connect()
     tty = sys.stdin.isatty()
     t_start = time.monotonic()
+    error: BaseException | None = None
+    shutdown: dict[str, Any] = {"cause": "duration"}
+    info: dict[str, Any] = {}
     try:
+        driver.connect()
         node.start()
         end = t_start + cfg.duration if cfg.duration else float("inf")
-        while time.monotonic() < end:
+        while time.monotonic() < end and signals.first is None:
+            signals.armed = True
             time.sleep(min(0.5, max(0.0, end - time.monotonic())))
+            signals.armed = False
             if cfg.status:
                 line = format_status(node.status())
                 print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
@@ -158,20 +220,64 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 elif key == "r":
                     node.reset()
                 elif key == "q":
+                    shutdown["cause"] = "quit"
                     break
-    except KeyboardInterrupt:
+    except Interrupted:
         pass
+    except BaseException as exc:  # noqa: BLE001 - the robot is stopped whatever went wrong
+        error = exc
+        shutdown.update(cause="exception", error=f"{type(exc).__name__}: {exc}"[:500])
     finally:
-        node.close()
-        task = getattr(driver, "task_info", None)
-        info = task() if task is not None else {}
-        driver.disconnect()
+        signals.armed = False
+        t_close = time.monotonic()
+        shutdown.update(_close(node, driver))
+        if signals.first is not None and signals.received:
+            shutdown["signal_to_stop_s"] = shutdown.get("stopped_at", t_close) - signals.received[0][1]
+        info = shutdown.pop("task", {})
+    if signals.first is not None and error is None:
+        shutdown.update(cause="signal", signal=signal.Signals(signals.first).name, signum=int(signals.first))
     if tty and cfg.status:
         print()
     report = node.report()
+    shutdown["signals"] = [name for name, _ in signals.received]
+    shutdown.pop("stopped_at", None)
     report.update({"robot": cfg.robot.name, "policy": cfg.policy, "wall_s": time.monotonic() - t_start,
-                   "task": info, "config": to_dict(cfg)})
+                   "task": info, "shutdown": shutdown, "config": to_dict(cfg)})
+    report["exit_code"] = exit_code(report)
     out = Path(cfg.report)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, default=str))
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    os.replace(tmp, out)
+    signals.restore()
+    if error is not None:
+        raise error
     return report
+
+
+def _close(node, driver) -> dict[str, Any]:
+    """The one shutdown path: safe stop (in the loop's last tick or right after it), the worker
+    ended, the driver disconnected. Each step runs even if an earlier one raised."""
+    out: dict[str, Any] = {}
+    try:
+        node.close()
+        out["driver_stopped"] = node.stop_commanded
+        out["stopped_at"] = node.stop_time
+    except Exception as exc:  # noqa: BLE001
+        out["close_error"] = repr(exc)
+        try:
+            driver.stop()
+            out["driver_stopped"] = True
+        except Exception as exc2:  # noqa: BLE001
+            out["stop_error"] = repr(exc2)
+    try:
+        task = getattr(driver, "task_info", None)
+        out["task"] = task() if task is not None else {}
+    except Exception as exc:  # noqa: BLE001
+        out["task"] = {"error": repr(exc)}
+    try:
+        driver.disconnect()
+        out["driver_disconnected"] = True
+    except Exception as exc:  # noqa: BLE001
+        out["disconnect_error"] = repr(exc)
+    return out
