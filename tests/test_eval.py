@@ -1,4 +1,4 @@
-"""robopolicy eval: chunk execution, seeded vectorized rollouts, metrics plumbing, env mapping."""
+"""robopolicy eval: seeded vectorized rollouts, metrics plumbing, env mapping."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from gymnasium import spaces
 from robopolicy.config import ConfigError
 from robopolicy.envs import EnvConfig
 from robopolicy.eval import ChunkConfig, EnvMapping, EvalConfig, evaluate
-from robopolicy.eval.chunking import ChunkExecutor, advance_waypoints
 from sim_envs.person_follow.metrics import summarize_episodes
 from sim_envs.person_follow.waypoints import arc_waypoints
 
@@ -66,62 +65,6 @@ def arm_cfg(tmp_path, **kw) -> EvalConfig:
                 out_dir=str(tmp_path / "eval"), image_size=32, progress=False)
     base.update(kw)
     return EvalConfig(**base)
-
-
-# ----------------------------------------------------------------------------- chunk execution
-def test_chunk_mode_runs_steps_per_chunk_then_asks_again():
-    ex = ChunkExecutor("action", "chunk", steps_per_chunk=2)
-    assert ex.needs_chunk()
-    ex.add(np.arange(8, dtype=np.float32).reshape(4, 2))
-    assert np.allclose(ex.next_action(), [0, 1])
-    assert not ex.needs_chunk()
-    assert np.allclose(ex.next_action(), [2, 3])
-    assert ex.needs_chunk()
-    with pytest.raises(RuntimeError):
-        ex.next_action()
-    whole = ChunkExecutor("action", "chunk", steps_per_chunk=None)
-    whole.add(np.zeros((3, 1)))
-    for _ in range(3):
-        assert not whole.needs_chunk() or _ == 0
-        whole.next_action()
-    assert whole.needs_chunk()
-
-
-def test_temporal_ensembling_weights_older_chunks_by_exp_decay():
-    k = 0.5
-    ex = ChunkExecutor("action", "ensemble", ensemble_coeff=k)
-    ex.add(np.array([[1.0], [2.0], [3.0]]))
-    assert ex.next_action()[0] == pytest.approx(1.0)
-    ex.add(np.array([[10.0], [20.0], [30.0]]))
-    w = np.exp(-k * np.arange(2))
-    assert ex.next_action()[0] == pytest.approx((w[0] * 2.0 + w[1] * 10.0) / w.sum(), rel=1e-5)
-    ex.add(np.array([[100.0], [200.0], [300.0]]))
-    w = np.exp(-k * np.arange(3))
-    assert ex.next_action()[0] == pytest.approx((w[0] * 3.0 + w[1] * 20.0 + w[2] * 100.0) / w.sum(), rel=1e-5)
-    # the first chunk is used up: only the two later ones cover the next step
-    ex.add(np.array([[0.0], [0.0], [0.0]]))
-    w = np.exp(-k * np.arange(3))
-    assert ex.next_action()[0] == pytest.approx((w[0] * 30.0 + w[1] * 200.0 + w[2] * 0.0) / w.sum(), rel=1e-5)
-    plain = ChunkExecutor("action", "ensemble", ensemble_coeff=0.0)
-    plain.add(np.array([[0.0], [4.0]]))
-    plain.next_action()
-    plain.add(np.array([[2.0], [9.0]]))
-    assert plain.next_action()[0] == pytest.approx(3.0)
-    with pytest.raises(ValueError, match="ensembling"):
-        ChunkExecutor("waypoints", "ensemble")
-
-
-def test_held_waypoints_are_shifted_into_the_next_robot_frame():
-    arc = arc_waypoints(0.8, 0.6, 0.1, 8)
-    # a constant-twist arc seen one step later is the same arc
-    assert np.allclose(advance_waypoints(arc), arc, atol=1e-5)
-    straight = arc_waypoints(1.0, 0.0, 0.1, 4)
-    assert np.allclose(advance_waypoints(straight)[:, 0], [0.1, 0.2, 0.3, 0.4], atol=1e-6)
-    ex = ChunkExecutor("waypoints", "chunk", steps_per_chunk=3)
-    ex.add(arc)
-    for _ in range(3):
-        assert np.allclose(ex.next_action(), arc, atol=1e-5)
-    assert ex.needs_chunk()
 
 
 # ----------------------------------------------------------------------------- rollouts

@@ -14,6 +14,9 @@ Blending overlapping chunks:
   plan over ``crossfade`` seconds after it arrives (linear weight ramp), so the in-flight plan
   is never cut off abruptly.
 * ``"latest"`` — the newest chunk only.
+
+The blend weights are :mod:`hardware.control.chunking`'s, the step executor that evaluation and
+refinement use; here they apply in continuous time, between interpolated steps.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from hardware.control.chunking import crossfade_weights, ensemble_weights
 
 BLENDS = ("ensemble", "rtc", "latest")
 
@@ -76,8 +81,7 @@ class ActionScheduler:
         self.max_chunks = int(max_chunks)
         self.chunks: deque[_Active] = deque(maxlen=self.max_chunks)
         # ensemble weights exp(-k i), normalised, for each number of covering chunks
-        w = [math.exp(-self.k * i) for i in range(self.max_chunks)]
-        self._ens = [[x / sum(w[:n]) for x in w[:n]] for n in range(self.max_chunks + 1)]
+        self._ens = [[]] + [ensemble_weights(n, self.k).tolist() for n in range(1, self.max_chunks + 1)]
         self._buf: np.ndarray | None = None  # (max_chunks, H, A) steps of the live chunks
         self._slot = 0
         self.dropped_steps = 0
@@ -146,15 +150,9 @@ class ActionScheduler:
             return _interp(active[-1].values, active[-1].t0, active[-1].dt, t)
         if self.blend == "ensemble":
             weights = self._ens[n]  # oldest first
-        else:  # rtc crossfade: fold from the oldest plan to the newest, each taking over on arrival
-            # chunk j ends with weight a_j * prod_{m>j} (1 - a_m), the oldest with a_0 = 1
+        else:  # rtc crossfade: each plan takes over from the older ones over ``crossfade`` s after it arrived
             cf = self.crossfade
-            weights, keep = [0.0] * n, 1.0
-            for j in range(n - 1, 0, -1):
-                a = 1.0 if cf == 0 else min(1.0, max(0.0, (t - active[j].t_arrived) / cf))
-                weights[j] = a * keep
-                keep *= 1.0 - a
-            weights[0] = keep
+            weights = crossfade_weights([1.0 if cf == 0 else (t - c.t_arrived) / cf for c in active])
         # every chunk is linear between its steps: weight (1-f) on step i, f on step i+1
         h = self._buf.shape[1]
         idx, coef = [], []

@@ -27,18 +27,24 @@ class ChunkConfig:
     """How a predicted chunk becomes one action per env step.
 
     ``chunk`` mode runs ``steps_per_chunk`` actions of each chunk, then asks for a new one.
-    ``ensemble`` mode (ACT's temporal ensembling) asks for a chunk every step and executes, for
-    step t, the weighted mean of every stored chunk's prediction for t, with weight
-    ``exp(-ensemble_coeff * i)`` for the i-th oldest chunk (i = 0: the oldest; ACT uses 0.01).
+    ``ensemble`` mode (ACT's temporal ensembling) asks for a chunk every ``steps_per_chunk``
+    steps (default 1) and executes, for step t, the weighted mean of every stored chunk's
+    prediction for t, with weight ``exp(-ensemble_coeff * i)`` for the i-th oldest chunk (i = 0:
+    the oldest; ACT uses 0.01). ``crossfade`` mode asks every ``steps_per_chunk`` steps (default
+    half a chunk) and the new chunk takes over from the previous one over ``crossfade_steps``.
     Waypoint policies run in ``chunk`` mode only: between predictions the waypoints are shifted
-    into the frame of the waypoint just executed.
+    into the frame of the waypoint just executed. The executor is
+    :class:`hardware.control.chunking.ChunkExecutor`, shared with refinement and the control node.
     """
 
-    mode: Literal["chunk", "ensemble"] = "chunk"
+    mode: Literal["chunk", "ensemble", "crossfade"] = "chunk"
     steps_per_chunk: int | None = None
-    """Actions executed per chunk; ``None``: the whole chunk for actions, 1 for waypoints."""
+    """Actions executed per chunk; ``None``: the mode's default (the whole chunk for ``chunk``, 1
+    for ``ensemble`` and for waypoints, half the chunk for ``crossfade``)."""
     ensemble_coeff: float = 0.01
     """Decay of the ensembling weights over chunk age (0: plain mean; > 0 favours older chunks)."""
+    crossfade_steps: int = 4
+    """``crossfade``: steps over which a new chunk takes over from the previous one (0: at once)."""
     predict_every_step: bool | None = None
     """Call the policy on every step even in ``chunk`` mode (keeps its temporal context fed);
     ``None``: when the policy has a temporal context (``context_strides`` beyond 0)."""
@@ -48,6 +54,8 @@ class ChunkConfig:
             raise ValueError(f"chunk.steps_per_chunk must be >= 1 or null, got {self.steps_per_chunk}")
         if self.ensemble_coeff < 0:
             raise ValueError(f"chunk.ensemble_coeff must be >= 0, got {self.ensemble_coeff}")
+        if self.crossfade_steps < 0:
+            raise ValueError(f"chunk.crossfade_steps must be >= 0, got {self.crossfade_steps}")
 
 
 @dataclass

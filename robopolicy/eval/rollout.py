@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hardware.control.chunking import ChunkExecutor
 from robopolicy.config import ConfigError
 from robopolicy.envs import EnvConfig
-from robopolicy.eval.chunking import ChunkExecutor
 from robopolicy.eval.config import EvalConfig
 from robopolicy.eval.envs import EPISODE_INFO, EvalEnvSpec, make_vector_env
 from robopolicy.eval.policy_runner import PolicyRunner
@@ -129,11 +129,10 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
     every_step = cfg.chunk.predict_every_step
     if every_step is None:  # a policy with temporal context must see every frame
         every_step = runner.has_context and not runner.can_observe
-    mode = cfg.chunk.mode
-    if runner.kind == "waypoints" and mode == "ensemble":
-        raise ConfigError("chunk.mode=ensemble applies to action chunks; a waypoint policy needs chunk.mode=chunk")
-    executors = [ChunkExecutor(runner.kind, mode, cfg.chunk.steps_per_chunk, cfg.chunk.ensemble_coeff)
-                 for _ in range(width)]
+    if runner.kind == "waypoints" and cfg.chunk.mode != "chunk":
+        raise ConfigError(f"chunk.mode={cfg.chunk.mode} applies to action chunks; a waypoint policy needs chunk.mode=chunk")
+    executor = ChunkExecutor(cfg.chunk.mode, cfg.chunk.steps_per_chunk, cfg.chunk.ensemble_coeff,
+                             cfg.chunk.crossfade_steps, kind=runner.kind, n_envs=width)
 
     t0 = time.perf_counter()
     calls0, secs0 = runner.calls, runner.seconds
@@ -154,7 +153,7 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
                 if pending:
                     e = pending.popleft()
                     row_episode[r], row_seeds[r], mask[r] = e, seeds[e], True
-                    executors[r].reset()
+                    executor.reset([r])
             if not mask.any():
                 return obs
             obs, _ = envs.reset(seed=row_seeds, options={"reset_mask": mask})
@@ -165,7 +164,8 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
         obs = start(list(range(width)), None)
         while (row_episode >= 0).any():
             active = np.flatnonzero(row_episode >= 0)
-            need = [int(r) for r in active if executors[r].needs_chunk()]
+            needs = executor.needs()
+            need = [int(r) for r in active if needs[r]]
             if need or every_step:
                 if not checked:
                     try:
@@ -177,13 +177,12 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
                     checked = True
                 else:
                     pred = runner.predict(obs)
-                for r in need:
-                    executors[r].add(pred[r])
+                if need:
+                    executor.add(need, pred[need])
             else:
                 runner.observe(obs)
             actions = np.zeros((width, *action_shape), dtype=np.float32)
-            for r in active:
-                actions[r] = executors[r].next_action()
+            actions[active] = executor.next(active)
             obs, _reward, _term, _trunc, infos = envs.step(actions)
             env_steps += len(active)
             done_mask = infos.get(f"_{EPISODE_INFO}")

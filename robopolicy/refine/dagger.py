@@ -55,6 +55,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from hardware.control.chunking import ChunkExecutor
 from robopolicy.envs import EnvConfig
 from robopolicy.models.policy import Policy, PolicyError
 from robopolicy.refine.common import (ENV_STATE, LABEL_FLAGS, Curve, EvalResult, RefineRunOptions, evaluate_success,
@@ -188,33 +189,27 @@ def resolve_learner(policy, learner: str):
 
 
 def policy_actor(policy, steps_per_chunk: int | None, waypoints: bool):
-    """``act(obs) -> (N, A)`` executing the policy's chunks from per-env queues, and ``reset(rows)``."""
+    """``act(obs) -> (N, A)`` executing the policy's chunks through the chunk executor (one row per
+    env), and ``reset(rows)``."""
     from robopolicy.eval.policy_runner import to_policy_batch
 
-    queues: list[list[np.ndarray]] = []
+    executor = ChunkExecutor("chunk", None if waypoints else steps_per_chunk, kind="waypoints" if waypoints else "action")
 
     def act(obs):
-        n = len(obs["task"])
-        if len(queues) != n:
-            queues[:] = [[] for _ in range(n)]
-        need = [i for i in range(n) if not queues[i]]
+        executor.resize(len(obs["task"]))
+        need = np.flatnonzero(executor.needs())
         with torch.inference_mode():
             batch = to_policy_batch(obs)
-            if need:
-                pred = policy.predict(batch).numpy()
-                k = 1 if waypoints else min(steps_per_chunk or pred.shape[1], pred.shape[1])
-                for i in need:
-                    queues[i] = [pred[i]] if waypoints else list(pred[i, :k])
+            if len(need):
+                executor.add(need, policy.predict(batch).numpy()[need])
             elif max(policy.config.context_strides) > 0:
                 policy.observe(batch)
-        return np.stack([q.pop(0) for q in queues])
+        return executor.next()
 
     def reset(rows):
-        for r in rows:
-            if r < len(queues):
-                queues[r] = []
+        executor.reset(rows)
         with torch.inference_mode():
-            policy.reset() if len(queues) == 0 or set(rows) >= set(range(len(queues))) else policy.reset(rows)
+            policy.reset() if set(rows) >= set(range(executor.n_envs)) else policy.reset(rows)
 
     return act, reset
 
