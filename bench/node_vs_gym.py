@@ -252,8 +252,9 @@ def main() -> None:
         result["gym"] = gym
         result["gym_success"] = float(np.mean([e["success"] for e in gym]))
         both = sum(g["success"] and r["success"] for g, r in zip(gym, rows))
-        print(f"difference: {100 * (node_sr - result['gym_success']):+.1f} pts (goal: within 5); "
-              f"{both} succeed both ways")
+        ratio = f"{node_sr / result['gym_success']:.2f}" if result["gym_success"] > 0 else "- (gymnasium 0%)"
+        print(f"ratio node / gymnasium success: {ratio}; difference: {100 * (node_sr - result['gym_success']):+.1f} pts "
+              f"(goal: within 5); {both} succeed both ways")
     (out / "node_vs_gym.json").write_text(json.dumps(result, indent=2))
 
 

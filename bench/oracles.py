@@ -1,9 +1,12 @@
-"""Oracle success on every task over seeded episodes, as a table.
+"""Oracle success on every task over seeded episodes, beside random actions on the same seeds.
 
     python bench/oracles.py                    # 200 episodes per task/split, 2 workers
     python bench/oracles.py --episodes 50 --tasks PersonFollow-v0:dt ArmPickPlace-v0
 
-Seeds are 0..N-1 for every task, so two runs print the same table. Cameras are off: the
+Seeds are 0..N-1 for every task, so two runs print the same table. The anchor is a policy of
+uniformly random actions (the action space seeded with the episode seed) on the same seeds: the
+ratio column is the oracle's successes over the random policy's (with none, over one: a lower
+bound, shown as ``>=``). Cameras are off: the
 oracles act on privileged state, and PersonFollow judges visibility by ray casts against the
 scene whether or not a camera image is rendered, so the metrics are the same.
 """
@@ -45,6 +48,33 @@ def _worker(job):
         env.close()
 
 
+def _random_worker(job) -> list[bool]:
+    """Success of uniformly random actions on each seed (the anchor)."""
+    env_id, kwargs, seeds = job
+    import gymnasium
+
+    import sim_envs  # noqa: F401
+
+    env = gymnasium.make(env_id, disable_env_checker=True, **kwargs)
+    out = []
+    try:
+        for seed in seeds:
+            env.reset(seed=seed)
+            env.action_space.seed(seed)
+            term = trunc = False
+            while not (term or trunc):
+                _obs, _r, term, trunc, info = env.step(env.action_space.sample())
+            out.append(bool(info.get("is_success", False)))
+    finally:
+        env.close()
+    return out
+
+
+def ratio_to_random(oracle_wins: int, random_wins: int) -> str:
+    """Oracle successes over random successes; with no random success, over one (a lower bound)."""
+    return f"{oracle_wins / random_wins:.1f}x" if random_wins else f">= {oracle_wins:.0f}x"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=200)
@@ -74,22 +104,29 @@ def main() -> int:
             summary = summarize(env_id, sorted(results, key=lambda r: r.seed))
             summary["seconds"] = time.perf_counter() - t0
             summary["failed_seeds"] = sorted(r.seed for r in results if not r.success)[:10]
+            summary["random_successes"] = sum(sum(part) for part in pool.imap_unordered(
+                _random_worker, [(env_id, kwargs, c) for c in chunks if c]))
             rows.append((name, summary))
 
     print(f"\nOracle success, {args.episodes} seeded episodes per task (noise {args.noise}):\n")
-    print("| task | episodes | SR | TR | CR | mean steps to success | time (s) | first failed seeds |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| task | episodes | SR | TR | CR | mean steps to success | time (s) | first failed seeds | random SR | "
+          "oracle / random |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name, s in rows:
         def pct(key):
             return f"{100 * s[key]:.1f}%" if key in s else "—"
         steps = s.get("mean_steps_to_success")
         steps = f"{steps:.1f}" if isinstance(steps, float) else "—"
         print(f"| {name} | {s['episodes']} | {pct('success_rate')} | {pct('tracking_rate')} | "
-              f"{pct('collision_rate')} | {steps} | {s['seconds']:.0f} | {s['failed_seeds']} |")
+              f"{pct('collision_rate')} | {steps} | {s['seconds']:.0f} | {s['failed_seeds']} | "
+              f"{100 * s['random_successes'] / s['episodes']:.1f}% | "
+              f"{ratio_to_random(round(s['success_rate'] * s['episodes']), s['random_successes'])} |")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(rows), indent=2, default=float))
     worst = min(s["success_rate"] for _, s in rows)
-    print(f"\noracles: {len(rows)} tasks, lowest success {100 * worst:.1f}%")
+    best_random = max(s["random_successes"] / s["episodes"] for _, s in rows)
+    print(f"\noracles: {len(rows)} tasks, lowest success {100 * worst:.1f}%; random actions at most "
+          f"{100 * best_random:.1f}%")
     return 0
 
 

@@ -215,7 +215,7 @@ class LocateMLP(LocateHead):
     the normalized joint state when the policy has them (the caller concatenates). It bypasses the
     fusion transformer: with coordinate-only keypoint tokens (``keypoint_features: false``) the
     position of each keypoint is the information, and a flat MLP reads it directly
-    (``bench/locate_probe.py``). Same label standardization and loss as :class:`LocateHead`.
+    (``experiments/probes/locate_probe.py``). Same label standardization and loss as :class:`LocateHead`.
     """
 
     def __init__(self, in_dim: int, dim: int, mean=None, std=None, hidden: int = 256):

@@ -77,7 +77,7 @@ class ResidualConfig:
     log_std_per_dim: list[float] = field(default_factory=list)
     """Per action dimension, replacing ``log_std`` (empty: ``log_std`` everywhere). E.g. an arm's
     ``[-2, -2, -2, -2, -2, -0.5]``: joint noise small enough for a grasp to survive it, more on
-    the gripper (``bench/exploration_noise.py`` measures what a base takes)."""
+    the gripper (``experiments/probes/exploration_noise.py`` measures what a base takes)."""
     learn_std: bool = False
     """Train the log-std (ResiP keeps it fixed)."""
     execute_steps: int = 8

@@ -1,8 +1,8 @@
 """Can an encoder find the named cube and bowl in one PickPlace front view? A probe outside the policy.
 
-    .venv/bin/python bench/locate_probe.py                      # FiLM + keypoints, 300 s
-    .venv/bin/python bench/locate_probe.py film=false seconds=300 layouts=4000
-    .venv/bin/python bench/locate_probe.py keypoint_features=false     # keypoint tokens = (x, y) only
+    .venv/bin/python experiments/probes/locate_probe.py                      # FiLM + keypoints, 300 s
+    .venv/bin/python experiments/probes/locate_probe.py film=false seconds=300 layouts=4000
+    .venv/bin/python experiments/probes/locate_probe.py keypoint_features=false     # keypoint tokens = (x, y) only
 
 Renders ``layouts`` fresh ArmPickPlace layouts at reset (arm at home, nothing hidden) and 500
 unseen ones, and trains the project's ``VisionEncoder`` (ResNet-18 to layer2, 96 px, trainable;

@@ -1,8 +1,8 @@
 """One DAgger refinement run per device, side by side: where its wall clock goes, and what a GPU buys.
 
-    .venv/bin/python bench/refine_device.py base=outputs/train/arm_state_75/final \\
+    .venv/bin/python experiments/probes/refine_device.py base=outputs/train/arm_state_75/final \\
         config=configs/refine/dagger/pickplace_state.yaml "overrides=[iterations=3]"
-    .venv/bin/python bench/refine_device.py base=CKPT "devices=[cpu]" threads=2   # the CPU row alone
+    .venv/bin/python experiments/probes/refine_device.py base=CKPT "devices=[cpu]" threads=2   # the CPU row alone
 
 Runs ``robopolicy refine --method dagger`` with the same config, seed and overrides once per device
 in ``devices`` (default: ``cpu``, then ``cuda`` when there is one), and prints per run the wall
@@ -39,7 +39,7 @@ class DeviceBenchConfig:
     """Devices in order (the first is the anchor); empty: ``cpu``, and ``cuda`` when available."""
     threads: int = 0
     """Torch threads of each run (0: the config's)."""
-    out_dir: str = "outputs/bench/refine_device"
+    out_dir: str = "outputs/probes/refine_device"
 
 
 def main(argv: list[str]) -> int:

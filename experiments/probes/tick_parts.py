@@ -4,7 +4,7 @@ The scheduler's ``command_at`` with ``--chunks`` overlapping chunks in flight (e
 safety filter on a command no limit binds and on one that is clamped, and for scale the
 loopback driver's read. Compare with the period: 2,000 µs at 500 Hz.
 
-    python bench/tick_parts.py [--chunks 10] [--calls 5000]
+    python experiments/probes/tick_parts.py [--chunks 10] [--calls 5000]
 """
 
 from __future__ import annotations

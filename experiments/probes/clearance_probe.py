@@ -1,7 +1,7 @@
 """Does a tracking policy's frozen encoder see how far the robot can drive before it hits something?
 
-    .venv/bin/python bench/clearance_probe.py checkpoint=outputs/train/track_stage3/final
-    .venv/bin/python bench/clearance_probe.py checkpoint=CKPT episodes=120 hazard_prob=0.3 train_encoder=true
+    .venv/bin/python experiments/probes/clearance_probe.py checkpoint=outputs/train/track_stage3/final
+    .venv/bin/python experiments/probes/clearance_probe.py checkpoint=CKPT episodes=120 hazard_prob=0.3 train_encoder=true
 
 Drives PersonFollow episodes with the noisy oracle and, with probability ``hazard_prob`` per step
 while an obstacle or wall is within ``hazard_range``, the env's scripted push toward it

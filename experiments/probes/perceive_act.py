@@ -1,7 +1,7 @@
 """Where does a perceive-then-act policy fail: perception or action? Rollouts of a locator and an
 actor on ArmPickPlace with parts of the locator's estimate swapped for the truth.
 
-    .venv/bin/python bench/perceive_act.py locator=outputs/train/arm_locator/final \\
+    .venv/bin/python experiments/probes/perceive_act.py locator=outputs/train/arm_locator/final \\
         actor=outputs/train/arm_actor_goal/final episodes=20 true=none,cube,bowl,both
 
 ``locator``: a camera policy with a ``locate`` head (``label.goal_grip``: the named cube from the
@@ -12,7 +12,7 @@ that half from the env's ``info``; ``both``: the actor on true labels) it runs t
 seeds (``seed`` + i), ``steps_per_chunk`` actions of each chunk, and prints success, how often the
 named cube was lifted, and the estimate's mean error on the states the policy itself visited
 (every chunk decision), also split by whether the cube is lifted at the decision (beside the error
-on oracle frames that ``bench/locate_error.py`` measures, this is the one the actor meets). A
+on oracle frames that ``experiments/probes/locate_error.py`` measures, this is the one the actor meets). A
 markdown table at the end.
 """
 

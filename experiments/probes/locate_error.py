@@ -1,6 +1,6 @@
 """How far a policy's ``locate`` head puts the named cube and bowl, on a dataset it was not trained on.
 
-    .venv/bin/python bench/locate_error.py ckpt=outputs/train/arm_stage1/final \\
+    .venv/bin/python experiments/probes/locate_error.py ckpt=outputs/train/arm_stage1/final \\
         dataset=outputs/datasets/arm_pick_place_val seed=100000
 
 For a checkpoint with the ``locate`` aux head (``experiments/configs/train/arm_stage1_locate.yaml``, or the

@@ -1,9 +1,9 @@
 """How much residual exploration noise a base policy takes before it stops succeeding.
 
-    .venv/bin/python bench/exploration_noise.py base=outputs/train/arm_state_50/final
-    .venv/bin/python bench/exploration_noise.py base=CKPT config=experiments/configs/refine/residual_ppo_pp_state.yaml \\
+    .venv/bin/python experiments/probes/exploration_noise.py base=outputs/train/arm_state_50/final
+    .venv/bin/python experiments/probes/exploration_noise.py base=CKPT config=experiments/configs/refine/residual_ppo_pp_state.yaml \\
         "log_stds=[-1.0,-2.0,-3.0]" episodes=50
-    .venv/bin/python bench/exploration_noise.py base=CKPT "log_stds=[-2.0,[-2,-2,-2,-2,-2,-0.5]]"   # per dimension
+    .venv/bin/python experiments/probes/exploration_noise.py base=CKPT "log_stds=[-2.0,[-2,-2,-2,-2,-2,-0.5]]"   # per dimension
 
 Runs the base as residual PPO's rollouts do (its chunk queue, ``execute_steps`` per chunk) with
 an untrained residual whose samples are Gaussian noise of each ``log_std`` (in residual units,

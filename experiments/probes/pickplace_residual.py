@@ -1,20 +1,16 @@
-"""Where a PickPlace policy fails, and what a perfect gripper release would add.
+"""The residual's side of a PickPlace failure breakdown: what a gripper switch or a tool-point
+residual does where it matters. ``robopolicy diagnose pickplace-failures`` is the breakdown itself
+(how episodes end, ``release=step``, ``correct``, ``grasp_offsets``) for any checkpoint; this probe
+reaches into a residual policy's parts (its decisions, its switch logits, its tool-point shift),
+so it follows that class and is not maintained as an interface.
 
-    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final
-    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final release=step
-    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/refine/residual_pp_switch/final release=chunk
-    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final execute_steps=16 grasp_offsets=true
-    .venv/bin/python bench/pickplace_failures.py checkpoint=outputs/train/arm_state_75/final execute_steps=16 correct=center,narrow
+    .venv/bin/python experiments/probes/pickplace_residual.py checkpoint=outputs/refine/residual_pp_switch/final release=chunk
+    .venv/bin/python experiments/probes/pickplace_residual.py checkpoint=outputs/train/arm_state_75/final counterfactual=true
+    .venv/bin/python experiments/probes/pickplace_residual.py checkpoint=outputs/refine/residual_pp_tcp/final
 
 Runs a state-based ArmPickPlace policy (a plain chunk checkpoint, executed as residual PPO's
 rollouts execute it: ``execute_steps`` actions per chunk, from ``config``; or a residual
-checkpoint, deterministic) on the evaluation seeds and sorts every episode by how it ended:
-
-- ``success``;
-- ``never lifted``: the named cube never rose 2 cm off the table;
-- ``held over the bowl``: at the time limit the cube is still in the gripper, above the bowl;
-- ``held elsewhere``: still in the gripper, not above the bowl;
-- ``dropped or placed outside``: on the table (or the bowl's rim) outside the success radius.
+checkpoint, deterministic) on the evaluation seeds and sorts every episode as the diagnosis does.
 
 ``release`` is the anchor for a gripper residual: ``step`` forces the gripper fully open on every
 step where the lifted cube is within 2 cm (xy) of the bowl's centre, ``chunk`` does so only where
@@ -30,17 +26,9 @@ the policy are deterministic, so the replay is the same episode up to there).
 episode that never lifts the cube is replayed once per constant xy offset of the commanded
 tool-centre point (a 5 x 5 grid, ±``offset`` metres), applied until the cube is first lifted.
 
-``correct`` runs the policy with scripted state-feedback corrections of the kinds a residual can
-make, from the privileged scene state: a reference for what a correction in that space achieves
-without learning (comma-separated, applied on top of the policy's action):
-
-- ``center``: while the cube is not lifted and the commanded tool-centre point is within 4 cm (xy)
-  and 5 cm (height) of it, move the command's xy onto the cube's (at most ``correct_range`` m);
-- ``narrow``: in the same phase, open the gripper no wider than the oracle does (the cube's width
-  across the jaws + 8 mm a side), so the open fingers stay clear of the neighbours;
-- ``roll``: in the same phase (6 cm), turn the wrist roll to the oracle's grasp yaw;
-- ``carry``: while the cube is lifted, move the command's xy toward the bowl's centre (at most
-  ``correct_range`` m).
+``correct`` applies the scripted corrections of
+:class:`robopolicy.diagnose.pickplace_failures.Corrections` (``center``, ``narrow``, ``roll``,
+``carry``) on top of the policy's action.
 
 Every run also counts, among the ``dropped`` episodes, those whose cube was lifted for fewer than
 5 steps: knocked or tipped at the grasp rather than lost on the way. On a residual that moves the
@@ -65,10 +53,8 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from robopolicy.config import load_config  # noqa: E402
-from sim_envs.arm import so101  # noqa: E402
-
-LIFTED = so101.CUBE_HALF + 0.0075  # cube centre height (m) that counts as lifted (it rests at CUBE_HALF)
-NEAR = 0.02  # xy distance (m) of the cube from the bowl's centre where the release rule opens
+from robopolicy.diagnose.pickplace_failures import KINDS, LIFTED, NEAR, Corrections, classify  # noqa: E402
+from robopolicy.diagnose.pickplace_failures import clip_norm as _clip_norm  # noqa: E402
 
 
 @dataclass
@@ -98,16 +84,6 @@ class FailureBenchConfig:
     correct_every: int = 1
     """Recompute the ``center`` / ``carry`` shift every this many steps and hold it in between
     (what a residual with ``decision_every`` k can do at best with these rules)."""
-
-
-def classify(success: bool, max_z: float, z: float, dist: float) -> str:
-    if success:
-        return "success"
-    if max_z < LIFTED:
-        return "never lifted"
-    if z > LIFTED:
-        return "held over the bowl" if dist < so101.BOWL_RADIUS else "held elsewhere"
-    return "dropped or placed outside"
 
 
 def main(argv: list[str]) -> int:
@@ -152,33 +128,7 @@ def main(argv: list[str]) -> int:
 
         arm = ArmIK()
 
-    held = np.zeros(3)  # the center / carry shift (m), recomputed every ``correct_every`` steps
-
-    def corrected(action: np.ndarray, state: np.ndarray, scene: np.ndarray, info: dict, t: int) -> np.ndarray:
-        """``action`` with the scripted ``correct`` corrections (see the module docstring)."""
-        from sim_envs.arm.oracle import ArmOracle, cube_yaw
-
-        action = action.astype(np.float64)
-        cmd = arm.fk(action[:5])[0]
-        cube, bowl = scene[3:6], scene[8:11]
-        near = float(np.linalg.norm(cmd[:2] - cube[:2]))
-        approach = scene[5] < LIFTED and cmd[2] < cube[2] + 0.05
-        if t % cfg.correct_every == 0:
-            held[:] = 0.0
-            if "center" in corrections and approach and near < 0.04:
-                held[:2] = _clip_norm(cube[:2] - cmd[:2], cfg.correct_range)
-            if "carry" in corrections and scene[5] >= LIFTED:
-                held[:2] = _clip_norm(bowl[:2] - cube[:2], cfg.correct_range)
-        if held.any():
-            action[:4] += arm.joint_shift(action[:5], held)
-        k = int(info["goal_cube"])
-        if "roll" in corrections and approach and near < 0.06:
-            action[4] = arm.roll_for_yaw(action[:5], ArmOracle._grasp_yaw(info, k), symmetry=np.pi / 2)
-        if "narrow" in corrections and approach and near < 0.04 and action[5] > state[5] - 0.05:
-            rel = cube_yaw(info["cube_quat"][k]) - arm.gripper_yaw(state[:5].astype(np.float64))
-            extent = so101.CUBE_HALF * (abs(np.cos(rel)) + abs(np.sin(rel)))
-            action[5] = min(action[5], (extent + 0.008 - so101.PAD_INNER_GAP) / so101.GRIP_M_PER_RAD)
-        return np.clip(action, env.action_space.low, env.action_space.high)
+    corrected = Corrections(corrections, cfg.correct_range, cfg.correct_every) if corrections else None
 
     def episode(seed: int, force_at: int = -1, grasp_shift: np.ndarray | None = None) -> dict:
         """One deterministic episode; ``force_at`` >= 0: force the release over that decision's chunk;
@@ -219,7 +169,8 @@ def main(argv: list[str]) -> int:
                 action[:4] += arm.joint_shift(action[:5], grasp_shift)
                 action = np.clip(action, env.action_space.low, env.action_space.high)
             if corrections:
-                action = corrected(action, np.asarray(obs["observation.state"]), scene, info, t)
+                action = np.clip(corrected(action, np.asarray(obs["observation.state"]), scene, info, t),
+                                 env.action_space.low, env.action_space.high)
             t += 1
             obs, _r, term, trunc, info = env.step(action)
             scene = np.asarray(obs["observation.environment_state"])
@@ -251,7 +202,7 @@ def main(argv: list[str]) -> int:
                                for dx in grid for dy in grid))
     n = cfg.episodes
     print(f"\n| {cfg.checkpoint} (release: {cfg.release}) | episodes | share |\n|---|---:|---:|")
-    for kind in ("success", "never lifted", "held over the bowl", "held elsewhere", "dropped or placed outside"):
+    for kind in KINDS:
         print(f"| {kind} | {counts.get(kind, 0)} | {counts.get(kind, 0) / n:.0%} |")
     if counts.get("dropped or placed outside"):
         print(f"\nof the {counts['dropped or placed outside']} dropped: {knocked} lifted for fewer than 5 steps "
@@ -280,11 +231,6 @@ def main(argv: list[str]) -> int:
     print(f"[failures] {cfg.checkpoint}: success {counts.get('success', 0) / n:.0%} of {n} "
           f"(release: {cfg.release}" + (f", corrections: {cfg.correct}" if corrections else "") + ")")
     return 0
-
-
-def _clip_norm(v: np.ndarray, limit: float) -> np.ndarray:
-    n = float(np.linalg.norm(v))
-    return v if n <= limit else v * (limit / n)
 
 
 if __name__ == "__main__":
