@@ -42,7 +42,7 @@ def split_overrides(extra: list[str], accepts_overrides: bool) -> tuple[list[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from robopolicy.commands import collect, dataset, diagnose, quickstart, refine, run, sim, train
+    from robopolicy.commands import collect, dataset, diagnose, quickstart, refine, results, run, sim, train
     from robopolicy.commands import eval as eval_cmd
 
     parser = argparse.ArgumentParser(
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     refine.add_parser(sub)
     run.add_parser(sub)
     diagnose.add_parser(sub)
+    results.add_parser(sub)
     return parser
 
 
