@@ -58,6 +58,28 @@ def test_pickplace_episode_ends_are_classified_by_the_cubes_height_and_place():
     assert pp.classify(False, up, down, 0.3) == "dropped or placed outside"
 
 
+def test_center_correction_moves_the_commanded_tool_point_onto_the_cube_up_to_its_range():
+    from sim_envs.arm.ik import ArmIK
+
+    arm = ArmIK()
+    q, reachable = arm.analytic(np.array([0.2, 0.05, 0.04]))  # the tool point low over the table
+    assert reachable
+    action = np.append(q, 0.5)
+    cmd = arm.fk(action[:5])[0]
+    scene = np.zeros(33)
+    state = np.zeros(6)
+    for offset, expected in ((np.array([0.008, -0.006]), np.array([0.008, -0.006])),    # within range: onto it
+                             (np.array([0.03, 0.0]), np.array([0.02, 0.0]))):           # beyond: the range
+        scene[3:6] = [cmd[0] + offset[0], cmd[1] + offset[1], pp.so101.CUBE_HALF]
+        scene[8:11] = [0.3, 0.3, 0.0]
+        fixed = pp.Corrections(["center"], limit=0.02)(action, state, scene, {"goal_cube": 0}, t=0)
+        np.testing.assert_allclose(arm.fk(fixed[:5])[0][:2] - cmd[:2], expected, atol=1.5e-3)
+        assert fixed[5] == action[5]  # the gripper is not the center correction's
+    far = scene.copy()
+    far[3:5] = cmd[:2] + 0.1  # the command is not near the cube: nothing to centre
+    np.testing.assert_array_equal(pp.Corrections(["center"])(action, state, far, {"goal_cube": 0}, t=0), action)
+
+
 def test_pickplace_failures_of_a_policy_that_never_lifts(tmp_path, capsys):
     ckpt = holding_arm_policy().save(tmp_path / "arm")
     out = tmp_path / "diag"
