@@ -262,7 +262,9 @@ def main() -> None:
     p.add_argument("--probe-work-us", type=float, default=300.0, help="fixed computation per probe tick")
     p.add_argument("--probe-out", help=argparse.SUPPRESS)  # internal: this process is the probe
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--out", help="also write the run record OUT/summary.json")
     args = p.parse_args()
+    started = time.time()
     if args.probe_out:
         probe_main(args.probe_out, args.duration, args.rate, args.spin_us * 1e-6, not args.no_fifo, args.probe_work_us)
         return
@@ -304,6 +306,11 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows, "load_before": load, "load_after": load2}, f, indent=2, default=str)
+    if args.out:
+        from robopolicy.utils.records import write_summary
+
+        write_summary(args.out, kind="bench", config=vars(args), started_at=started, extra={"bench": "control_loop"},
+                      metrics={"loops": {r["loop"]: r for r in rows}, "load_before": load, "load_after": load2})
 
 
 if __name__ == "__main__":

@@ -164,7 +164,9 @@ def main() -> int:
     parser.add_argument("--horizon", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--worker", choices=("build", "ours", "lerobot", "baseline"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help="also write the run record OUT/summary.json")
     args = parser.parse_args()
+    started = time.time()
     strides = [int(s) for s in args.strides.split(",")]
 
     if args.worker:
@@ -217,6 +219,12 @@ def main() -> int:
     print(f"(peak RSS of a process that only imports torch: {base['peak_rss_mb']:.0f} MB)")
     ratio = ours["samples_per_s"] / ref["samples_per_s"]
     print(f"\nratio (ours / LeRobotDataset): {ratio:.1f}x  (goal >= 20x)")
+    if args.out:
+        from robopolicy.utils.records import write_summary
+
+        write_summary(args.out, kind="bench", config=vars(args), seeds=[args.seed], started_at=started,
+                      metrics={"ours": ours, "lerobot": ref, "cache_build": build, "import_torch_only": base,
+                               "ratio_samples_per_s": ratio}, extra={"bench": "data_loading"})
     tmp.cleanup()
     return 0
 

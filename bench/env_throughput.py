@@ -40,7 +40,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--image-size", type=int, default=96)
+    parser.add_argument("--out", help="also write the run record OUT/summary.json")
     args = parser.parse_args()
+    started = time.time()
 
     try:  # one core, as the goals are stated per core
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -78,6 +80,11 @@ def main() -> int:
         print(f"| {name} | {rate:.0f} | {rate / pusher:.2f}× |")
     print(f"\nenv_throughput: Pusher-v5 {pusher:.0f} steps/s; "
           f"slowest robopolicy env {min(r for _, r in results[1:]):.0f} steps/s")
+    if args.out:
+        from robopolicy.utils.records import write_summary
+
+        write_summary(args.out, kind="bench", config=vars(args), started_at=started, extra={"bench": "env_throughput"},
+                      metrics={name: {"steps_per_s": rate, "ratio_to_pusher": rate / pusher} for name, rate in results})
     return 0
 
 

@@ -184,6 +184,7 @@ def main() -> None:
     p.add_argument("--skip-gym", action="store_true")
     p.add_argument("--out", default="outputs/bench/node_vs_gym")
     args = p.parse_args()
+    started = time.time()
     args.base = "PersonFollow" in args.env
     if args.robot is None:
         args.robot = f"configs/robots/{'sim_base' if args.base else 'sim_arm'}.yaml"
@@ -256,6 +257,11 @@ def main() -> None:
         print(f"ratio node / gymnasium success: {ratio}; difference: {100 * (node_sr - result['gym_success']):+.1f} pts "
               f"(goal: within 5); {both} succeed both ways")
     (out / "node_vs_gym.json").write_text(json.dumps(result, indent=2))
+    from robopolicy.utils.records import write_summary
+
+    write_summary(out, kind="bench", config={k: v for k, v in vars(args).items() if k != "needs"}, seeds=[args.seed],
+                  episodes=args.episodes, started_at=started, extra={"bench": "node_vs_gym", "checkpoint": args.checkpoint},
+                  metrics={k: result[k] for k in ("node_success", "gym_success") if k in result})
 
 
 if __name__ == "__main__":

@@ -82,7 +82,9 @@ def main() -> int:
     parser.add_argument("--noise", type=float, default=0.0)
     parser.add_argument("--tasks", nargs="*", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--json", help="also write the table as JSON here")
+    parser.add_argument("--out", help="also write the run record OUT/summary.json")
     args = parser.parse_args()
+    started = time.time()
 
     from sim_envs.rollout import summarize
     from tqdm import tqdm
@@ -123,6 +125,11 @@ def main() -> int:
               f"{ratio_to_random(round(s['success_rate'] * s['episodes']), s['random_successes'])} |")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(rows), indent=2, default=float))
+    if args.out:
+        from robopolicy.utils.records import write_summary
+
+        write_summary(args.out, kind="bench", config=vars(args), seeds=[0], episodes=args.episodes,
+                      metrics=dict(rows), started_at=started, extra={"bench": "oracles"})
     worst = min(s["success_rate"] for _, s in rows)
     best_random = max(s["random_successes"] / s["episodes"] for _, s in rows)
     print(f"\noracles: {len(rows)} tasks, lowest success {100 * worst:.1f}%; random actions at most "

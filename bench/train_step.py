@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from robopolicy.config import load_config  # noqa: E402
 from robopolicy.train import TrainConfig, train  # noqa: E402
+from robopolicy.utils.records import write_summary  # noqa: E402
 from vs_lerobot import steady_rate  # noqa: E402  (bench/, beside this file)
 
 VARIANTS = (("nchw fp32", False, "none"), ("nhwc fp32", True, "none"), ("nhwc bf16", True, "bf16"))
@@ -42,6 +44,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="outputs/bench/train_step")
     args = parser.parse_args()
+    started = time.time()
     cfg = load_config(TrainConfig, args.config, [])
     if not cfg.model.encoders or all(e.frozen for e in cfg.model.encoders):
         raise SystemExit(f"{args.config}: no trainable encoder; its steps read cached features, not frames")
@@ -63,6 +66,10 @@ def main() -> int:
     print("| variant | samples/s | vs nchw fp32 |\n|---|---:|---:|")
     for name, rate in rates.items():
         print(f"| {name} | {rate:.1f} | {rate / anchor:.2f}x |")
+    write_summary(args.out, kind="bench", config={"bench": vars(args), "train": cfg}, seeds=[cfg.seed], started_at=started,
+                  metrics={name: {"samples_per_s": rate, "ratio": rate / anchor} for name, rate in rates.items()},
+                  extra={"bench": "train_step"})
+    print(f"record: {Path(args.out) / 'summary.json'}")
     return 0
 
 

@@ -56,6 +56,7 @@ import torch  # noqa: E402
 
 from robopolicy.config import load_config, load_yaml  # noqa: E402
 from robopolicy.envs import EnvConfig  # noqa: E402
+from robopolicy.utils.records import write_summary  # noqa: E402
 
 WARMUP_STEPS = 5
 
@@ -373,6 +374,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def main(argv: list[str]) -> int:
+    started = time.time()
     cfg = load_config(BenchConfig, None, argv)
     if cfg.lerobot_amp not in ("none", "bf16"):
         raise SystemExit(f"lerobot_amp must be 'none' or 'bf16', got {cfg.lerobot_amp!r}")
@@ -422,7 +424,10 @@ def main(argv: list[str]) -> int:
     (out / "vs_lerobot.json").write_text(json.dumps({"config": {k: v for k, v in vars(cfg).items() if k != "env"}
                                                      | {"env": vars(cfg.env)}, "results": rows, "table": table},
                                                     indent=2, default=str) + "\n")
-    print(f"\nresults: {out / 'vs_lerobot.json'}")
+    write_summary(out, kind="bench", config=cfg, seeds=[cfg.seed],
+                  episodes=cfg.episodes, started_at=started, extra={"bench": "vs_lerobot"},
+                  metrics={name: {k: v for k, v in r.items() if isinstance(v, (int, float, str, dict))} for name, r in rows.items()})
+    print(f"\nresults: {out / 'vs_lerobot.json'}, {out / 'summary.json'}")
     return 0
 
 
