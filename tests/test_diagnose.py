@@ -95,6 +95,10 @@ def test_pickplace_failures_of_a_policy_that_never_lifts(tmp_path, capsys):
                          "held elsewhere 0, dropped or placed outside 0)")
     result = json.loads((out / "pickplace-failures.json").read_text())
     assert result["counts"]["never lifted"] == 2 and result["grasp_offsets"] == [0, 0] and result["seed"] == 7
+    record = json.loads((out / "summary.json").read_text())
+    assert record["kind"] == "diagnose" and record["diagnosis"] == "pickplace-failures"
+    assert record["seeds"] == [7] and record["episodes"] == 2
+    assert record["metrics"]["success_rate"] == 0.0 and record["metrics"]["ends"]["never lifted"] == 1.0
 
 
 def test_pickplace_failures_names_bad_settings(tmp_path, capsys):

@@ -5,7 +5,8 @@
     robopolicy diagnose tracking-failures --checkpoint outputs/train/track_stage3/final --split dt
 
 Each diagnosis prints a markdown table and its findings, ends with a one-line summary, and with
-``--out DIR`` also writes ``DIR/<what>.json`` (the counts and measurements). Settings beyond the
+``--out DIR`` also writes ``DIR/<what>.json`` (the counts and measurements) and the run record
+``DIR/summary.json`` (share of each episode end as metrics). Settings beyond the
 flags are ``key=value`` overrides of its config (:mod:`robopolicy.diagnose.pickplace_failures`,
 :mod:`robopolicy.diagnose.tracking_failures`).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 DIAGNOSES = {
@@ -54,14 +56,20 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     flags = [f"{key}={getattr(args, key)}" for key in ("checkpoint", "episodes", "seed", "split")
              if getattr(args, key, None) is not None]
     cfg = load_config(getattr(module, cls_name), None, flags + list(args.overrides or []))
+    started = time.time()
     result = module.diagnose(cfg, progress=not args.no_progress)
     lines = module.report(result)
     if args.out:
         from robopolicy.utils.files import atomic_write_text
+        from robopolicy.utils.records import write_summary
 
         out = Path(args.out) / f"{args.what}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, json.dumps(result, indent=2, default=float))
-        lines.insert(-1, f"written: {out}")
+        n = result["episodes"]
+        shares = {kind: count / n for kind, count in result["counts"].items()}
+        write_summary(args.out, kind="diagnose", config=cfg, seeds=[cfg.seed], episodes=n, started_at=started,
+                      metrics={"success_rate": shares["success"], "ends": shares}, extra={"diagnosis": args.what})
+        lines.insert(-1, f"written: {out} and {Path(args.out) / 'summary.json'}")
     print("\n".join(lines))
     return 0
