@@ -72,7 +72,7 @@ def test_run_command_writes_a_timing_report(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     run_cmd.add_parser(parser.add_subparsers())
     report = tmp_path / "run.json"
-    args = parser.parse_args(["run", "--robot", "configs/robots/sim_arm.yaml", "--policy", "hold", "--duration", "2",
+    args = parser.parse_args(["run", "--robot", "configs/robots/sim_arm.yaml", "--policy", "hold", "--duration", "4",
                               "--report", str(report), "robot.driver.kwargs.cameras=false"])
     assert args.func(args) == 0
     data = json.loads(report.read_text())

@@ -83,11 +83,16 @@ def test_oversized_message_rejected_by_limit():
 
 def test_network_bind_needs_a_key():
     check_bind("ipc:///tmp/x.sock", None)
-    check_bind("tcp://127.0.0.1:5555", None)
-    check_bind("tcp://localhost:5555", None)
+    for ep in ("tcp://127.0.0.1:5555", "tcp://localhost:5555"):  # loopback: protected like the network
+        with pytest.raises(TransportError, match="local user"):
+            check_bind(ep, None)
+        check_bind(ep, None, insecure_loopback=True)  # unless the user opts out
+        check_bind(ep, KEY)
     for ep in ("tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://192.168.1.4:5555"):
         with pytest.raises(TransportError):
             check_bind(ep, None)
+        with pytest.raises(TransportError):
+            check_bind(ep, None, insecure_loopback=True)
         with pytest.raises(TransportError):
             check_bind(ep, b"short")
         check_bind(ep, KEY)

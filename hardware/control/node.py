@@ -54,6 +54,17 @@ class NodeConfig:
     cpus: list[int] | None = None
 
 
+def _source_fault_code(problem: str) -> str:
+    """The fault code for a source's health problem."""
+    if "handshake" in problem:
+        return "auth_refused"
+    if "refused" in problem:
+        return "session_refused"
+    if "worker" in problem and "silent" not in problem:
+        return "worker_died"
+    return "source_silent"
+
+
 class ControlNode:
     def __init__(
         self,
@@ -276,7 +287,7 @@ class ControlNode:
         if self.source is not None and not self.faults.tripped:
             problem = self.source.health(now)
             if problem is not None:
-                self._trip("worker_died" if "worker" in problem and "silent" not in problem else "source_silent", problem)
+                self._trip(_source_fault_code(problem), problem)
 
         # 3. new chunks
         if self.source is not None:

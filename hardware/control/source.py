@@ -66,8 +66,10 @@ class PolicyWorkerSource:
         request_timeout: float = 1.0,
         silence_timeout: float = 2.0,
         obs_keys: Sequence[str] | None = None,
+        insecure_loopback: bool = False,
     ):
         self.endpoint, self.command, self.key = endpoint, list(command) if command else None, key
+        self.insecure_loopback = insecure_loopback
         self.request_period = 1.0 / float(request_hz)
         self.request_timeout, self.silence_timeout = float(request_timeout), float(silence_timeout)
         self.obs_keys = set(obs_keys) if obs_keys else None
@@ -81,11 +83,12 @@ class PolicyWorkerSource:
         self.infer_ms: deque[float] = deque(maxlen=4096)
         self.sent = self.replies = self.errors = self.timeouts = self.stale = 0
         self.last_error = ""
+        self.refused: str | None = None
 
     def start(self) -> None:
         if self.command:
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL)
-        self.client = PolicyClient(self.endpoint, self.key)
+        self.client = PolicyClient(self.endpoint, self.key, insecure_loopback=self.insecure_loopback)
         # A worker may outlive a session (started elsewhere, or serving several runs): every
         # session starts from a fresh temporal context.
         self.client.send(Message("reset", 0, time.monotonic()))
@@ -124,6 +127,8 @@ class PolicyWorkerSource:
             if msg.kind == "error":
                 self.errors += 1
                 self.last_error = str(msg.meta.get("reason", ""))[:200]
+                if msg.meta.get("refused") is True:
+                    self.refused = self.last_error  # the worker serves another node: no chunk will come
                 continue
             if msg.kind != "chunk":
                 continue
@@ -144,6 +149,12 @@ class PolicyWorkerSource:
         return out
 
     def health(self, now: float) -> str | None:
+        if self.client is not None:
+            problem = self.client.handshake_problem()
+            if problem is not None:
+                return problem
+        if self.refused is not None:
+            return f"policy worker {self.refused}"
         if self.proc is not None:
             code = self.proc.poll()
             if code is not None:

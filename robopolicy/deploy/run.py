@@ -50,12 +50,14 @@ class SafetyConfig:
     max_step: float | None = None  # largest change of any command value per tick
     workspace_low: list[float] | None = None  # tool-centre-point box (arm, needs forward kinematics)
     workspace_high: list[float] | None = None
+    fault_spans: float | None = 3.0  # a command this many spans beyond its bounds is a fault (None: clamp all)
 
 
 @dataclass
 class TransportConfig:
     endpoint: str | None = None  # None: a private ipc socket; tcp://HOST:PORT for a remote worker
-    auth_key_file: str | None = None  # required for a non-loopback endpoint
+    auth_key_file: str | None = None  # shared key (CURVE); required for every tcp:// endpoint
+    insecure_loopback: bool = False  # allow tcp://127.0.0.1 without a key (any local user can connect)
     spawn_worker: bool = True  # False: connect to a worker started elsewhere
     request_hz: float = 20.0  # observations sent to the worker per second (at most)
 
@@ -116,7 +118,8 @@ def build_node(cfg: RunConfig, workdir: str | None = None):
         raise ConfigError(f"{rc.name}: a workspace box needs a driver with forward kinematics (tool_position)")
     safety = SafetyFilter(spec, 1.0 / rate, rc.safety.max_step,
                           None if rc.safety.workspace_low is None else np.asarray(rc.safety.workspace_low),
-                          None if rc.safety.workspace_high is None else np.asarray(rc.safety.workspace_high), ws_fn)
+                          None if rc.safety.workspace_high is None else np.asarray(rc.safety.workspace_high), ws_fn,
+                          fault_spans=rc.safety.fault_spans)
     tc = rc.transport
     key = Path(tc.auth_key_file).read_bytes().strip() if tc.auth_key_file else None
     endpoint = tc.endpoint or f"ipc://{workdir or tempfile.mkdtemp(prefix='robopolicy-')}/policy.sock"
@@ -126,7 +129,9 @@ def build_node(cfg: RunConfig, workdir: str | None = None):
                    "--policy", cfg.policy, "--parent-pid", str(os.getpid())]
         if tc.auth_key_file:
             command += ["--auth-key-file", tc.auth_key_file]
-    source = PolicyWorkerSource(endpoint, command, key, request_hz=tc.request_hz)
+        if tc.insecure_loopback:
+            command += ["--insecure-loopback"]
+    source = PolicyWorkerSource(endpoint, command, key, request_hz=tc.request_hz, insecure_loopback=tc.insecure_loopback)
     lc = rc.loop
     node_cfg = NodeConfig(rate_hz=rate, command_timeout=lc.command_timeout, startup_timeout=lc.startup_timeout,
                           driver_timeout=lc.driver_timeout, spin=lc.spin_us * 1e-6, fifo=lc.fifo,

@@ -248,8 +248,57 @@ def load_policy(spec: str) -> WorkerPolicy:
     return BusyPolicy(policy, work_ms) if work_ms else policy
 
 
-def serve(server: PolicyServer, policy: WorkerPolicy, parent_pid: int | None = None, max_requests: int | None = None) -> None:
-    """Answer observations until SIGTERM, the parent's death, or ``max_requests``."""
+class Sessions:
+    """Policy state (temporal context, queues, the first observed state) per peer identity.
+
+    A worker serves ``max_sessions`` nodes (one robot by default). A node's session starts with
+    its first ``reset`` or ``obs`` and with a policy reset; another identity is refused (an
+    ``error`` reply, counted and logged, rate-limited) while every slot holds a session active in
+    the last ``idle_timeout`` seconds. A refused peer cannot touch a session's state: its
+    ``reset`` and observations never reach that session's policy. Extra sessions run deep
+    copies of the loaded policy.
+    """
+
+    def __init__(self, policy: WorkerPolicy, max_sessions: int = 1, idle_timeout: float = 5.0):
+        import logging
+
+        from hardware.transport.zmq_link import RateLimitedLog
+
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        self.template, self.max_sessions, self.idle_timeout = policy, int(max_sessions), float(idle_timeout)
+        self.active: dict[bytes, list] = {}  # ident -> [policy, last seen]
+        self.spare: list[WorkerPolicy] = [policy]
+        self.refused = 0
+        self.say = RateLimitedLog(logging.getLogger("robopolicy.worker"))
+
+    def policy_for(self, ident: bytes, now: float) -> WorkerPolicy | None:
+        """The session's policy (opening one if a slot is free or idle), or None: refused."""
+        entry = self.active.get(ident)
+        if entry is not None:
+            entry[1] = now
+            return entry[0]
+        if len(self.active) >= self.max_sessions:
+            idle = [k for k, (_, seen) in self.active.items() if now - seen > self.idle_timeout]
+            for k in idle:
+                self.spare.append(self.active.pop(k)[0])
+        if len(self.active) >= self.max_sessions:
+            self.refused += 1
+            self.say("session", f"refused peer {ident.hex()[:16]}: this worker serves {self.max_sessions} "
+                                f"session(s), all active")
+            return None
+        import copy
+
+        policy = self.spare.pop() if self.spare else copy.deepcopy(self.template)
+        policy.reset()  # a new session never inherits another's context
+        self.active[ident] = [policy, now]
+        return policy
+
+
+def serve(server: PolicyServer, policy: WorkerPolicy, parent_pid: int | None = None, max_requests: int | None = None,
+          max_sessions: int = 1, idle_timeout: float = 5.0, stop: threading.Event | None = None) -> Sessions:
+    """Answer observations until SIGTERM, the parent's death, ``max_requests`` or ``stop`` is set;
+    each peer identity gets its own policy state (:class:`Sessions`). Returns the sessions."""
     running = [True]
 
     def _stop(*_):
@@ -257,49 +306,62 @@ def serve(server: PolicyServer, policy: WorkerPolicy, parent_pid: int | None = N
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop)
+    sessions = Sessions(policy, max_sessions, idle_timeout)
     answered = 0
-    while running[0]:
+    while running[0] and not (stop is not None and stop.is_set()):
         if parent_pid is not None and os.getppid() != parent_pid:
             break  # the control node is gone: do not linger
         for ident, msg in server.recv_latest(100):
-            if msg.kind == "reset":
-                policy.reset()
-                continue
-            if msg.kind == "ping":
+            if msg.kind == "ping":  # liveness: any authenticated peer, no session state
                 server.send(ident, Message("pong", msg.seq, msg.t))
                 continue
-            if msg.kind != "obs":
+            if msg.kind not in ("reset", "obs"):
+                continue
+            session = sessions.policy_for(ident, time.monotonic())
+            if session is None:
+                server.send(ident, Message("error", msg.seq, msg.t, meta={
+                    "reason": "refused: this worker serves another node's session", "refused": True}))
+                continue
+            if msg.kind == "reset":
+                session.reset()
                 continue
             obs: dict[str, Any] = dict(msg.arrays)
             obs.update(msg.meta)
             t0 = time.perf_counter()
             try:
-                out = np.asarray(policy.predict(obs, msg.t))
+                out = np.asarray(session.predict(obs, msg.t))
             except Exception as exc:  # a bad observation must not take the worker down
                 server.send(ident, Message("error", msg.seq, msg.t, meta={"reason": f"{type(exc).__name__}: {exc}"[:500]}))
                 continue
             infer_ms = (time.perf_counter() - t0) * 1e3
-            name = "waypoints" if policy.kind == "waypoints" else "action"
+            name = "waypoints" if session.kind == "waypoints" else "action"
             reply = Message("chunk", msg.seq, msg.t, {name: out.astype(np.float32, copy=False)},
-                            {"dt": float(policy.dt), "infer_ms": infer_ms})
+                            {"dt": float(session.dt), "infer_ms": infer_ms})
             server.send(ident, reply)
             answered += 1
             if max_requests is not None and answered >= max_requests:
-                return
+                return sessions
+    return sessions
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
     p = argparse.ArgumentParser(prog="python -m robopolicy.deploy.worker", description=__doc__.split("\n\n")[0])
-    p.add_argument("--endpoint", required=True, help="ipc:///path or tcp://127.0.0.1:PORT to bind")
+    p.add_argument("--endpoint", required=True, help="ipc:///path or tcp://HOST:PORT to bind")
     p.add_argument("--policy", required=True, help="checkpoint directory or scripted spec (hold, sine, arc, replay:FILE)")
-    p.add_argument("--auth-key-file", help="file with the shared HMAC key (required for non-local binds)")
+    p.add_argument("--auth-key-file", help="file with the shared key (CURVE; required for tcp:// endpoints)")
+    p.add_argument("--insecure-loopback", action="store_true",
+                   help="allow tcp://127.0.0.1 without a key (any local user can then connect)")
+    p.add_argument("--max-sessions", type=int, default=1, help="nodes served at once, each with its own policy state")
     p.add_argument("--parent-pid", type=int, help="exit when this process is no longer our parent")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     key = Path(args.auth_key_file).read_bytes().strip() if args.auth_key_file else None
     policy = load_policy(args.policy)
-    server = PolicyServer(args.endpoint, key)
+    server = PolicyServer(args.endpoint, key, insecure_loopback=args.insecure_loopback)
     try:
-        serve(server, policy, parent_pid=args.parent_pid)
+        serve(server, policy, parent_pid=args.parent_pid, max_sessions=args.max_sessions)
     finally:
         server.close()
     return 0
