@@ -13,6 +13,7 @@ naming the new key.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 import warnings
@@ -212,6 +213,54 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterabl
         data = deep_merge(data, parse_overrides(overrides))
         source = f"{source} + overrides"
     return build(cls, data, source)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls`` (``name: type = default`` then a string),
+    first sentence only, for help texts; fields without one map to ``""``."""
+    import ast
+    import inspect
+    import textwrap
+
+    docs = {f.name: "" for f in dataclasses.fields(cls)}
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return docs
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            text = " ".join(nxt.value.value.split())
+            docs[node.target.id] = re.split(r"(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z(`])", text)[0].rstrip(".")
+    return docs
+
+
+def describe(cls: type, prefix: str = "", depth: int = 1) -> list[str]:
+    """``key  type  default — doc`` lines for the fields of dataclass ``cls``, nested dataclasses
+    expanded ``depth`` levels (``data.features.cameras``)."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    lines = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        nested = tp if dataclasses.is_dataclass(tp) else None
+        if nested is not None and depth > 0:
+            lines += describe(nested, f"{prefix}{f.name}.", depth - 1)
+            continue
+        if nested is not None:
+            doc = (nested.__doc__ or "").strip()
+            doc = "" if doc.startswith(f"{nested.__name__}(") else " ".join(doc.split()).split(". ")[0].rstrip(".")
+            keys = ", ".join(x.name for x in dataclasses.fields(nested))
+            lines.append(f"{prefix}{f.name}.{{{keys}}}" + (f" — {doc}" if doc else ""))
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default)
+        else:
+            default = repr(f.default_factory()) if f.default_factory is not dataclasses.MISSING else "required"
+        doc = f" — {docs[f.name]}" if docs.get(f.name) else ""
+        lines.append(f"{prefix}{f.name} = {default}{doc}")
+    return lines
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

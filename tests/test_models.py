@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 from robopolicy.models.encoders import EncoderConfig, EncoderError, FusedVisionEncoder, VisionEncoder  # noqa: E402
 from robopolicy.models.heads import ChunkL1Head, FlowChunkHead, GroundingHead, WaypointHead  # noqa: E402
 from robopolicy.models.language import LanguageConfig, LanguageEncoder  # noqa: E402
-from robopolicy.models.policy import Policy, PolicyConfig, PolicyError, region_weights  # noqa: E402
+from robopolicy.models.aux_heads import region_weights  # noqa: E402
+from robopolicy.models.policy import Policy, PolicyConfig, PolicyError  # noqa: E402
 from robopolicy.models.temporal import FeatureRingBuffer  # noqa: E402
 
 TINY = EncoderConfig(name="test_resnet", frozen=True, image_size=64)

@@ -102,8 +102,9 @@ def test_a_camera_free_policy_trains_predicts_and_evaluates(trained, tmp_path):
 def test_env_state_feature_the_dataset_lacks_is_named(state_dataset, tmp_path):
     cfg = state_cfg(state_dataset, tmp_path / "bad")
     cfg.data.features.env_state = "observation.scene"
-    with pytest.raises(DatasetError, match="'observation.scene' not in dataset"):
+    with pytest.raises(DatasetError, match="data.features.env_state asks for the feature 'observation.scene'") as err:
         build_dataset(cfg, progress=False)
+    assert "label" not in str(err.value).split("(features:")[0]  # a scene state is not called a label
 
 
 def test_dagger_relabels_a_state_policy_with_its_scene_state(trained, state_dataset):

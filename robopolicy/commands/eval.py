@@ -141,6 +141,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not _out_given(args):
         setattr(cfg, out_key, str(default_out(cfg.checkpoint)))
     out = getattr(cfg, out_key)
+    if _env_given(args):
+        from robopolicy.envs import resolve_env_id
+
+        resolve_env_id(cfg.env.id)  # a bad env id fails now, not after the checkpoint has loaded
     try:
         policy = load_policy(cfg.checkpoint, cfg.device)
     except (FileNotFoundError, ValueError, KeyError) as exc:

@@ -2,20 +2,46 @@
 
     robopolicy train --config configs/train/arm/chunk_l1.yaml data.dataset=data/arm_pp steps=2000
     robopolicy train --config configs/train/track/stage2_ground.yaml --resume
+    robopolicy train --config configs/train/arm/state_chunk.yaml --print-config   # every setting, resolved
+    robopolicy train --help                                                        # the settings, one line each
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a policy by imitation (one recipe / stage per config)")
+    p = sub.add_parser("train", help="train a policy by imitation (one recipe / stage per config)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML recipe (TrainConfig), e.g. configs/train/arm/chunk_l1.yaml")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run's out dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--print-config", action="store_true",
+                   help="print every setting with its value (defaults < --config < overrides) and exit")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="settings to change, key=value or --key=value (see below)")
     p.set_defaults(func=cmd_train)
+    plain_help = p.format_help
+    p.format_help = lambda: plain_help() + "\n" + settings_help()  # built on demand: it imports torch
+
+
+def settings_help() -> str:
+    """The top-level settings of a recipe and the dataset feature mapping, one line each."""
+    import textwrap
+
+    from robopolicy.config import describe
+    from robopolicy.data.loader import FeatureMap
+    from robopolicy.train.trainer import TrainConfig
+
+    def block(lines: list[str]) -> str:
+        return "\n".join(textwrap.shorten(line, 150, placeholder=" ...") for line in lines)
+
+    return ("settings (the sections of a recipe; `robopolicy train --print-config [--config FILE]` prints\n"
+            "every key with its resolved value):\n" + textwrap.indent(block(describe(TrainConfig, depth=0)), "  ")
+            + "\n\ndataset features (which dataset keys play which role; any LeRobot v3.0 dataset):\n"
+            + textwrap.indent(block(describe(FeatureMap, "data.features.")), "  ") + "\n")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -32,6 +58,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.no_progress:
         overrides.append("progress=false")
     cfg = load_config(TrainConfig, args.config, overrides)
+    if args.print_config:
+        import yaml
+
+        from robopolicy.config import to_dict
+
+        print(yaml.safe_dump(json.loads(json.dumps(to_dict(cfg))), sort_keys=False), end="")
+        return 0
     try:
         result = train(cfg)
     except (DatasetError, PolicyError, TrainError, EncoderError, LanguageError) as exc:

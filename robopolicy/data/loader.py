@@ -77,6 +77,15 @@ class LoaderConfig:
     """Key the cache on the videos' bytes too, not only their size and mtime."""
 
 
+def _fix(setting: str) -> str:
+    """How to stop ``setting`` asking for a feature the dataset lacks."""
+    if setting.startswith("loss."):
+        return f"set {setting}: 0, or use a dataset that has it"
+    if setting.endswith("labels"):
+        return f"remove it from {setting}"
+    return f"set {setting} to one of the features, or null"
+
+
 class TrainingDataset(torch.utils.data.Dataset):
     """Samples with temporal context and action chunks; see the module docstring for shapes."""
 
@@ -86,7 +95,7 @@ class TrainingDataset(torch.utils.data.Dataset):
         cameras: Mapping[str, str] | Sequence[str] | None = None,
         state_key: str | None = "observation.state",
         action_key: str = "action",
-        labels: Sequence[str] = (),
+        labels: Sequence[str] | Mapping[str, str] = (),
         context_strides: Sequence[int] = (0, 1, 4, 16),
         horizon: int = 16,
         episodes: Sequence[int] | None = None,
@@ -99,8 +108,11 @@ class TrainingDataset(torch.utils.data.Dataset):
         self.cache = TrainingCache(self.entry)
         features = self.cache.features
 
-        def check(key: str, what: str, numeric: bool = True) -> str:
+        def check(key: str, what: str, numeric: bool = True, setting: str | None = None) -> str:
             if key not in features:
+                if setting:  # the error names the setting that asked for the feature
+                    raise DatasetError(f"{setting} asks for the feature {key!r}, which dataset {self.root} lacks "
+                                       f"(features: {sorted(features)}): {_fix(setting)}")
                 raise DatasetError(f"{what} feature {key!r} not in dataset {self.root}; "
                                    f"features: {sorted(features)}")
             if numeric and features[key]["dtype"] in CAMERA_DTYPES:
@@ -115,7 +127,8 @@ class TrainingDataset(torch.utils.data.Dataset):
                                    f"(cameras: {self.cache.cameras})")
         self.state_key = check(state_key, "state") if state_key is not None else None
         self.action_key = check(action_key, "action")
-        self.labels = [check(k, "label") for k in labels]
+        settings = dict(labels) if isinstance(labels, Mapping) else {}
+        self.labels = [check(k, "label", setting=settings.get(k)) for k in labels]
         strides = [int(s) for s in context_strides]
         if not strides or min(strides) < 0:
             raise ValueError(f"context_strides must be non-negative steps back, got {list(context_strides)}")

@@ -38,15 +38,14 @@ from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from robopolicy.config import ConfigError, build, load_yaml, to_dict
-from robopolicy.data.features import ENV_STATE, FREE_RUN
+from robopolicy.data.features import ENV_STATE
 from robopolicy.models.backbone import FusionTransformer
 from robopolicy.models.encoders import EncoderConfig, EncoderError, FusedVisionEncoder
-from robopolicy.models.heads import (AlignHead, ChunkL1Head, FlowChunkHead, FreeRunHead, GroundingHead, LocateHead, LocateMLP,
-                                     WaypointHead)
+from robopolicy.models.aux_heads import GOAL_POS, AuxHeadError, LossBatch, aux_head, loss_owner
+from robopolicy.models.heads import ChunkL1Head, FlowChunkHead, WaypointHead
 from robopolicy.models.language import LanguageConfig, LanguageEncoder
 from robopolicy.models.temporal import ContextTokens, FeatureRingBuffer
 from robopolicy.utils.files import atomic_directory
@@ -57,8 +56,6 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FORMAT = 1
 STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99")
-AUX_HEADS = ("align", "ground", "free_run", "locate")
-LOCATE_LABEL = "label.goal_pos"
 # Config keys that decide the shapes of shared modules: a stage may change the rest. The context
 # strides are not among them: a stage may widen the temporal context (its time embeddings start
 # fresh), e.g. after the encoder was trained on single frames and is frozen from then on.
@@ -76,16 +73,15 @@ class PolicyConfig:
     head: Literal["waypoints", "chunk_l1", "chunk_flow"] = "chunk_l1"
     """Output head: K waypoints (tracking), or an action chunk by L1 or flow matching."""
     aux_heads: list[str] = field(default_factory=list)
-    """Training-only heads: ``align`` (stage 1 contrastive), ``ground`` (stage 2 grounding),
-    ``free_run`` (stage 2 spatial grounding: how far ahead the robot can drive, ``label.free_run``),
-    ``locate`` (regress the privileged ``label.goal_pos``: where the named objects are)."""
+    """Training-only heads, by their registered name (:mod:`robopolicy.models.aux_heads`, where each
+    declares its losses and labels): ``align`` (stage 1 contrastive), ``ground`` (stage 2
+    grounding), ``free_run`` (stage 2 spatial grounding), ``locate`` (regress a privileged label)."""
     free_run_dim: int = 9
-    """Rays of the ``free_run`` head's label (``label.free_run`` of PersonFollow: 9)."""
+    """Rays of the ``free_run`` head's label."""
     locate_dim: int = 6
-    """Size of the ``locate`` head's label (``label.goal_pos``: 6)."""
-    locate_label: str = LOCATE_LABEL
-    """The label the ``locate`` head regresses: ``label.goal_pos`` (world frame) or
-    ``label.goal_rel`` (from the tool-centre point, what a wrist camera sees)."""
+    """Size of the ``locate`` head's label."""
+    locate_label: str = GOAL_POS
+    """The dataset label the ``locate`` head regresses (e.g. ``label.goal_pos`` of the arm tasks)."""
     locate_head: Literal["query", "mlp"] = "query"
     """``query``: a learned query cross-attends to the fused memory (:class:`LocateHead`);
     ``mlp``: an MLP over the current frame's raw encoder tokens of every camera, flattened, with
@@ -139,9 +135,8 @@ class PolicyConfig:
     """``[H, W]`` of the training frames (box labels are in their pixels); filled from the dataset."""
 
     def __post_init__(self):
-        unknown = [h for h in self.aux_heads if h not in AUX_HEADS]
-        if unknown:
-            raise ValueError(f"aux_heads: unknown head {unknown[0]!r} (known: {list(AUX_HEADS)})")
+        for name in self.aux_heads:
+            aux_head(name)  # an unknown name raises, listing the known ones
         if 0 not in self.context_strides or min(self.context_strides, default=0) < 0:
             raise ValueError(f"context_strides must be steps back >= 0 and contain 0, got {self.context_strides}")
         if self.d_model % self.n_heads:
@@ -197,29 +192,64 @@ class Normalizer(nn.Module):
                 for prefix, key, _ in self.entries}
 
 
-def _box_cxcywh(box_xyxy: torch.Tensor, frame_hw: tuple[int, int]) -> torch.Tensor:
-    """Pixel boxes ``(B, 4)`` x0 y0 x1 y1 → normalized ``(B, 4)`` cx cy w h in [0, 1]."""
-    h, w = frame_hw
-    x0, y0, x1, y1 = (box_xyxy / box_xyxy.new_tensor([w, h, w, h])).clamp(0, 1).unbind(-1)
-    return torch.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], dim=-1)
+def check_io(cfg: PolicyConfig) -> None:
+    """The checks of a model config whose dataset-derived fields are filled (cameras, action shape,
+    state sizes); each error names the setting. The trainer runs them before it computes anything."""
+    if not cfg.cameras and not (cfg.use_state or cfg.env_state_dim > 0):
+        raise PolicyError("policy config: 'cameras' is empty and the policy reads no state either "
+                          "(the trainer fills the cameras from the dataset)")
+    need_camera = [h for h in cfg.aux_heads if aux_head(h).needs_camera]
+    if not cfg.cameras and need_camera:
+        raise PolicyError(f"model.aux_heads {need_camera} look at camera tokens; this policy has no camera")
+    if not cfg.action_shape:
+        raise PolicyError("policy config: 'action_shape' is empty (the trainer fills it from the dataset)")
+    if cfg.head == "waypoints" and (len(cfg.action_shape) != 2 or cfg.action_shape[1] != 3):
+        raise PolicyError(f"waypoint head needs (K, 3) targets, the action feature has shape {cfg.action_shape} "
+                          f"(map data.features.action to oracle.waypoints)")
+    if cfg.head != "waypoints" and len(cfg.action_shape) != 1:
+        raise PolicyError(f"chunk heads need a flat action (A,), got shape {cfg.action_shape}")
+    if cfg.use_state and cfg.state_dim < 1:
+        raise PolicyError("model.use_state is true but the dataset has no state (data.features.state)")
+    if cfg.relative_action:
+        rel = list(cfg.relative_action)
+        if cfg.head == "waypoints":
+            raise PolicyError("model.relative_action is for chunk heads (waypoints are robot-frame already)")
+        if not cfg.use_state:
+            raise PolicyError("model.relative_action needs model.use_state: true (offsets are from the state)")
+        limit = min(cfg.action_shape[0], cfg.state_dim)
+        if len(set(rel)) != len(rel) or any(not 0 <= i < limit for i in rel):
+            raise PolicyError(f"model.relative_action {rel}: dims must be distinct and below {limit} "
+                              f"(action {cfg.action_shape}, state {cfg.state_dim} values)")
 
 
-def region_weights(box_cxcywh: torch.Tensor, grid: int) -> torch.Tensor:
-    """How much of each grid cell a box covers: ``(B, 4)`` → weights ``(B, grid*grid)`` summing to 1
-    (row-major cells, as the encoders flatten them). A degenerate box puts its weight on the cell
-    holding its centre."""
-    cx, cy, w, h = box_cxcywh.unbind(-1)
-    edges = torch.arange(grid + 1, device=box_cxcywh.device, dtype=box_cxcywh.dtype) / grid
+def check_loss_heads(cfg: PolicyConfig, weights: Mapping[str, float]) -> dict:
+    """The auxiliary heads that compute the nonzero ``weights``, by name; a loss whose head is not in
+    ``model.aux_heads`` (or that no head computes) is an error naming both settings."""
+    heads = {}
+    for loss, weight in weights.items():
+        if not float(weight):
+            continue
+        try:
+            head = loss_owner(loss)
+        except AuxHeadError as exc:
+            raise PolicyError(str(exc)) from None
+        if head is None:
+            continue
+        if head.name not in cfg.aux_heads:
+            raise PolicyError(f"loss.{loss} is {weight}, but model.aux_heads {list(cfg.aux_heads)} has no {head.name!r}, "
+                              f"the head that computes it: add {head.name!r} to model.aux_heads, or set loss.{loss}: 0")
+        heads[head.name] = head
+    return heads
 
-    def overlap(lo, hi):  # (B, grid)
-        return (torch.minimum(hi[:, None], edges[None, 1:]) - torch.maximum(lo[:, None], edges[None, :-1])).clamp(min=0)
 
-    wx, wy = overlap(cx - w / 2, cx + w / 2), overlap(cy - h / 2, cy + h / 2)
-    weights = (wy[:, :, None] * wx[:, None, :]).flatten(1)
-    centre = ((cy * grid).long().clamp(0, grid - 1) * grid + (cx * grid).long().clamp(0, grid - 1))
-    fallback = F.one_hot(centre, grid * grid).to(weights.dtype)
-    total = weights.sum(-1, keepdim=True)
-    return torch.where(total > 1e-8, weights / total.clamp(min=1e-8), fallback)
+def _main_head(cfg: PolicyConfig) -> nn.Module:
+    """The output head ``model.head`` names."""
+    d = cfg.d_model
+    if cfg.head == "waypoints":
+        return WaypointHead(cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers, cfg.dropout)
+    if cfg.head == "chunk_l1":
+        return ChunkL1Head(cfg.horizon, cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers, cfg.dropout)
+    return FlowChunkHead(cfg.horizon, cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers, cfg.dropout, cfg.flow_steps)
 
 
 class Policy(nn.Module):
@@ -228,30 +258,7 @@ class Policy(nn.Module):
     def __init__(self, config: PolicyConfig, stats: Mapping[str, Mapping[str, Any]] | None = None):
         super().__init__()
         cfg = self.config = config
-        if not cfg.cameras and not (cfg.use_state or cfg.env_state_dim > 0):
-            raise PolicyError("policy config: 'cameras' is empty and the policy reads no state either "
-                              "(the trainer fills the cameras from the dataset)")
-        if not cfg.cameras and any(h in cfg.aux_heads for h in ("align", "ground", "locate")):
-            raise PolicyError(f"aux heads {cfg.aux_heads} look at camera tokens; this policy has no camera")
-        if not cfg.action_shape:
-            raise PolicyError("policy config: 'action_shape' is empty (the trainer fills it from the dataset)")
-        if cfg.head == "waypoints" and (len(cfg.action_shape) != 2 or cfg.action_shape[1] != 3):
-            raise PolicyError(f"waypoint head needs (K, 3) targets, the action feature has shape {cfg.action_shape} "
-                              f"(map data.features.action to oracle.waypoints)")
-        if cfg.head != "waypoints" and len(cfg.action_shape) != 1:
-            raise PolicyError(f"chunk heads need a flat action (A,), got shape {cfg.action_shape}")
-        if cfg.use_state and cfg.state_dim < 1:
-            raise PolicyError("model.use_state is true but the dataset has no state (data.features.state)")
-        if cfg.relative_action:
-            rel = list(cfg.relative_action)
-            if cfg.head == "waypoints":
-                raise PolicyError("model.relative_action is for chunk heads (waypoints are robot-frame already)")
-            if not cfg.use_state:
-                raise PolicyError("model.relative_action needs model.use_state: true (offsets are from the state)")
-            limit = min(cfg.action_shape[0], cfg.state_dim) if cfg.action_shape else cfg.state_dim
-            if len(set(rel)) != len(rel) or any(not 0 <= i < limit for i in rel):
-                raise PolicyError(f"model.relative_action {rel}: dims must be distinct and below {limit} "
-                                  f"(action {cfg.action_shape}, state {cfg.state_dim} values)")
+        check_io(cfg)
         d = cfg.d_model
         self.vision = self.vision_proj = self.context = None
         self.language = LanguageEncoder(cfg.language) if cfg.language.enabled else None
@@ -276,35 +283,13 @@ class Policy(nn.Module):
         self.state_proj = nn.Linear(cfg.state_dim, d) if cfg.use_state else None
         self.env_state_proj = nn.Linear(cfg.env_state_dim, d) if cfg.env_state_dim > 0 else None
         self.backbone = FusionTransformer(d, cfg.n_heads, cfg.n_layers, dropout=cfg.dropout)
-        if cfg.head == "waypoints":
-            self.head = WaypointHead(cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers, cfg.dropout)
-        elif cfg.head == "chunk_l1":
-            self.head = ChunkL1Head(cfg.horizon, cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers, cfg.dropout)
-        else:
-            self.head = FlowChunkHead(cfg.horizon, cfg.action_shape[0], d, cfg.n_heads, cfg.head_layers,
-                                      cfg.dropout, cfg.flow_steps)
+        self.head = _main_head(cfg)
         self.aux = nn.ModuleDict()
-        if "align" in cfg.aux_heads:
-            if self.language is None:
-                raise PolicyError("aux head 'align' needs model.language.enabled=true")
-            self.aux["align"] = AlignHead(d)
-        if "ground" in cfg.aux_heads:
-            self.aux["ground"] = GroundingHead(d, cfg.n_heads, cfg.dropout)
-        if "free_run" in cfg.aux_heads:
-            self.aux["free_run"] = FreeRunHead(d, cfg.n_heads, cfg.free_run_dim, cfg.dropout)
-        if "locate" in cfg.aux_heads:
-            label_stats = (stats or {}).get(cfg.locate_label, {})  # none when loading: the buffers hold them
-            if stats is not None and not label_stats:
-                raise PolicyError(f"aux head 'locate' needs statistics of {cfg.locate_label!r}: add it to "
-                                  f"data.features.labels (arm datasets collected with it carry it)")
-            if cfg.locate_head == "mlp":
-                in_dim = (len(cfg.cameras) * self.vision.n_tokens * self.vision.out_dim
-                          + (self.language.dim if self.language is not None else 0)
-                          + (cfg.state_dim if cfg.use_state and cfg.locate_state else 0))
-                self.aux["locate"] = LocateMLP(in_dim, cfg.locate_dim, label_stats.get("mean"), label_stats.get("std"))
-            else:
-                self.aux["locate"] = LocateHead(d, cfg.n_heads, cfg.locate_dim, label_stats.get("mean"),
-                                                label_stats.get("std"), cfg.dropout)
+        for name in cfg.aux_heads:
+            try:
+                self.aux[name] = aux_head(name).build(cfg, self, stats)
+            except AuxHeadError as exc:
+                raise PolicyError(str(exc)) from None
         self.normalizer = Normalizer(tuple(cfg.action_shape), cfg.state_dim if cfg.use_state else 0,
                                      cfg.normalization, stats, env_state_dim=cfg.env_state_dim)
         self._t0 = list(cfg.context_strides).index(0)
@@ -426,68 +411,54 @@ class Policy(nn.Module):
 
     # ------------------------------------------------------------------ training
     def losses(self, batch: Mapping[str, Any], weights: Mapping[str, float]) -> dict[str, torch.Tensor]:
-        """Named losses for a loader batch; ``weights`` (action, align, ground_box, ground_visible,
-        ground_free_run, locate) chooses which are computed. ``total`` is their weighted sum.
+        """Named losses for a loader batch; ``weights`` (``action`` and the auxiliary heads' losses,
+        see :mod:`robopolicy.models.aux_heads`) chooses which are computed. ``total`` is their
+        weighted sum.
 
         Batch: ``features (B, T, V, n, C)`` or ``observation.images.<role> (B, T, 3, H, W)``,
         ``observation_is_pad (B, T)``, ``observation.state (B, T, D)``, ``task`` list of B str,
-        ``action (B, H, A)`` or waypoints ``(B, 1, K, 3)``, ``action_is_pad (B, H)``;
-        for align / ground: ``label.target_box (B, 4)`` pixels, ``label.target_visible (B,)``;
-        for ground_free_run: ``label.free_run (B, free_run_dim)`` metres.
+        ``action (B, H, A)`` or waypoints ``(B, 1, K, 3)``, ``action_is_pad (B, H)``, and the
+        labels the auxiliary heads declare.
         """
-        feats = self._context_features(batch)
-        ctx_pad = batch.get("observation_is_pad")
-        state = batch.get(STATE)
-        state = state[:, self._t0] if state is not None and state.ndim == 3 else state
-        tasks = list(batch["task"]) if "task" in batch else None
-        env_state = batch.get(ENV_STATE)
-        env_state = env_state[:, self._t0] if env_state is not None and env_state.ndim == 3 else env_state
-        out: dict[str, torch.Tensor] = {}
         w = {k: float(v) for k, v in weights.items() if float(v) != 0.0}
-        mlp_locate = self.config.locate_head == "mlp"
-        need_memory = (any(k in w for k in ("action", "ground_box", "ground_visible", "ground_free_run"))
-                       or ("locate" in w and not mlp_locate))
-        if need_memory:
-            memory, pad, _ = self._memory(feats, ctx_pad, state, tasks, env_state=env_state)
+        heads = check_loss_heads(self.config, w)
+        lb = self._loss_batch(batch)
+        out: dict[str, torch.Tensor] = {}
         if "action" in w:
-            target = batch["action"].float()
-            if self.output == "waypoints":
-                target, act_pad = target[:, 0], None  # (B, 1, K, 3): the K waypoints at t
-            else:
-                act_pad = batch.get("action_is_pad")
-                target = self.to_relative(target, state)
-            out["action"] = self.head.loss(memory, pad, self.normalizer.normalize("action", target), act_pad)
-        if "ground_box" in w or "ground_visible" in w:
-            if "ground" not in self.aux:
-                raise PolicyError("grounding loss needs model.aux_heads to contain 'ground'")
-            box, visible = self._box_labels(batch)
-            g = self.aux["ground"].loss(memory, pad, box, visible)
-            out["ground_box"], out["ground_visible"] = g["box"], g["visible"]
-        if "ground_free_run" in w:
-            if "free_run" not in self.aux:
-                raise PolicyError("the ground_free_run loss needs model.aux_heads to contain 'free_run'")
-            if FREE_RUN not in batch:
-                raise PolicyError(f"the ground_free_run loss needs the label {FREE_RUN!r} in the batch (a "
-                                  f"PersonFollow dataset collected with it carries it)")
-            out["ground_free_run"] = self.aux["free_run"].loss(memory, pad,
-                                                               batch[FREE_RUN].reshape(-1, self.config.free_run_dim))
-        if "locate" in w:
-            if "locate" not in self.aux:
-                raise PolicyError("locate loss needs model.aux_heads to contain 'locate'")
-            if self.config.locate_label not in batch:
-                raise PolicyError(f"locate loss needs the label {self.config.locate_label!r} in the batch "
-                                  f"(add it to data.features.labels)")
-            target = batch[self.config.locate_label].reshape(-1, self.config.locate_dim)
-            if mlp_locate:
-                out["locate"] = self.aux["locate"].loss(self._locate_inputs(feats[:, self._t0], state, tasks), None, target)
-            else:
-                out["locate"] = self.aux["locate"].loss(memory, pad, target)
-        if "align" in w:
-            if "align" not in self.aux:
-                raise PolicyError("alignment loss needs model.aux_heads to contain 'align'")
-            out["align"] = self._align_loss(feats, ctx_pad, tasks, batch)
+            out["action"] = self._action_loss(batch, lb)
+        for name, head in heads.items():
+            try:
+                computed = head.compute(self, self.aux[name], lb)
+            except AuxHeadError as exc:
+                raise PolicyError(str(exc)) from None
+            out.update({k: v for k, v in computed.items() if k in w})
         out["total"] = sum(w[k] * out[k] for k in out)
         return out
+
+    def _loss_batch(self, batch: Mapping[str, Any]) -> LossBatch:
+        """The batch's encodings at the current frame, the fused memory computed on demand."""
+        feats = self._context_features(batch)
+        ctx_pad = batch.get("observation_is_pad")
+        state, env_state = (v[:, self._t0] if v is not None and v.ndim == 3 else v
+                            for v in (batch.get(STATE), batch.get(ENV_STATE)))
+        tasks = list(batch["task"]) if "task" in batch else None
+
+        def fuse():
+            memory, pad, _ = self._memory(feats, ctx_pad, state, tasks, env_state=env_state)
+            return memory, pad
+
+        return LossBatch(batch, feats, ctx_pad, state, env_state, tasks, fuse)
+
+    def _action_loss(self, batch: Mapping[str, Any], lb: LossBatch) -> torch.Tensor:
+        """The main head's imitation loss against ``batch["action"]`` (normalized units)."""
+        target = batch["action"].float()
+        if self.output == "waypoints":
+            target, act_pad = target[:, 0], None  # (B, 1, K, 3): the K waypoints at t
+        else:
+            act_pad = batch.get("action_is_pad")
+            target = self.to_relative(target, lb.state)
+        memory, pad = lb.fused()
+        return self.head.loss(memory, pad, self.normalizer.normalize("action", target), act_pad)
 
     def _locate_inputs(self, current: torch.Tensor, state: torch.Tensor | None, tasks: list[str] | None) -> torch.Tensor:
         """The ``mlp`` locate head's input ``(B, F)``: the current frame's raw tokens of every camera
@@ -503,37 +474,6 @@ class Policy(nn.Module):
                 raise PolicyError(f"the locate head reads the joint state: the batch needs {STATE!r}")
             parts.append(self.normalizer.normalize("state", state.float()))
         return torch.cat(parts, dim=-1)
-
-    def _box_labels(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        for key in ("label.target_box", "label.target_visible"):
-            if key not in batch:
-                raise PolicyError(f"grounding / alignment needs the label {key!r} in the batch "
-                                  f"(add it to data.features.labels)")
-        if len(self.config.frame_size) != 2:
-            raise PolicyError("policy config: frame_size is unset (the trainer fills it from the dataset)")
-        box = _box_cxcywh(batch["label.target_box"].float().reshape(-1, 4), tuple(self.config.frame_size))
-        visible = batch["label.target_visible"].reshape(-1).bool() & (box[:, 2] * box[:, 3] > 0)
-        return box, visible
-
-    def _align_loss(self, feats, ctx_pad, tasks, batch) -> torch.Tensor:
-        """InfoNCE between the target's region of the current front frame (contextualised by the
-        backbone over vision tokens only, so the text cannot leak in) and the instruction."""
-        box, visible = self._box_labels(batch)
-        if tasks is None:
-            raise PolicyError("alignment needs 'task' (the instruction) in the batch")
-        b, t, v, n, _ = feats.shape
-        memory, _, _ = self._memory(feats, ctx_pad, None, None, with_language=False, with_state=False)
-        start = self._t0 * v * n  # first camera of the current frame
-        region = (region_weights(box, self.config.grid)[:, :, None] * memory[:, start:start + n]).sum(1)
-        text = self.lang_proj(self.language.embed(tasks).to(feats.device, feats.dtype))
-        keep = visible.nonzero().flatten()
-        if keep.numel() < 2:
-            return feats.new_zeros(())  # nothing to contrast in this batch
-        kept_tasks = [tasks[i] for i in keep.tolist()]
-        index = {s: i for i, s in enumerate(dict.fromkeys(kept_tasks))}
-        ids = torch.tensor([index[s] for s in kept_tasks], device=feats.device)
-        same = ids[:, None] == ids[None, :]
-        return self.aux["align"].loss(region[keep], text[keep], same)
 
     # ------------------------------------------------------------------ inference
     def reset(self, rows: Sequence[int] | None = None) -> None:

@@ -48,14 +48,14 @@ import numpy as np
 import torch
 
 from robopolicy.config import ConfigError, to_dict
-from robopolicy.data.features import FREE_RUN
 from robopolicy.data.loader import FeatureMap, TrainingDataset
 from robopolicy.models.feature_cache import ensure_features
 from robopolicy.models.modular import ModularPolicy
-from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError
+from robopolicy.models.aux_heads import AuxHeadError, required_labels
+from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError, check_io, check_loss_heads
+from robopolicy.utils.files import atomic_write_text
 from robopolicy.utils.records import write_summary
 
-BOX_LABEL, VISIBLE_LABEL = "label.target_box", "label.target_visible"
 STATE_FILE = "trainer_state.pt"
 
 
@@ -220,20 +220,37 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def loss_weights(cfg: TrainConfig) -> dict[str, float]:
+    """The nonzero loss weights, each checked against the heads that compute it."""
+    weights = {k: v for k, v in dataclasses.asdict(cfg.loss).items() if v}
+    if not weights:
+        raise ConfigError("every loss weight is 0: nothing to train (loss.action, loss.align, ...)")
+    check_loss_heads(cfg.model, weights)
+    return weights
+
+
+def dataset_labels(cfg: TrainConfig) -> dict[str, str]:
+    """Dataset keys loaded at time t beside the action → the setting that asks for each one:
+    ``data.features.labels``, a ``loss.<name>`` whose head reads it, ``data.features.env_state``."""
+    f = cfg.data.features
+    labels = {key: "data.features.labels" for key in f.labels}
+    try:
+        asked = required_labels(cfg.model, dataclasses.asdict(cfg.loss))
+    except AuxHeadError as exc:
+        raise PolicyError(str(exc)) from None
+    for key, setting in asked.items():
+        labels.setdefault(key, setting)
+    if f.env_state:
+        labels.setdefault(f.env_state, "data.features.env_state")
+    return labels
+
+
 def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
     """The training dataset the model config asks for (context strides, horizon, labels)."""
     if not cfg.data.dataset:
         raise ConfigError("data.dataset (the LeRobot dataset directory) is empty")
     f = cfg.data.features
-    labels = list(f.labels)
-    if cfg.loss.align or cfg.loss.ground_box or cfg.loss.ground_visible:
-        labels += [k for k in (BOX_LABEL, VISIBLE_LABEL) if k not in labels]
-    if cfg.loss.ground_free_run and FREE_RUN not in labels:
-        labels.append(FREE_RUN)
-    if cfg.loss.locate and cfg.model.locate_label not in labels:
-        labels.append(cfg.model.locate_label)
-    if f.env_state and f.env_state not in labels:
-        labels.append(f.env_state)
+    labels = dataset_labels(cfg)
     cameras = f.cameras if f.cameras is not None else (list(cfg.model.cameras) or None)
     horizon = 1 if cfg.model.head == "waypoints" else cfg.model.horizon
     return TrainingDataset(cfg.data.dataset, cameras=cameras, state_key=f.state if cfg.model.use_state else None,
@@ -253,7 +270,7 @@ def model_config_for(cfg: PolicyConfig, ds: TrainingDataset, env_state: str | No
         raise PolicyError(f"dataset {ds.root} has no camera the policy could use (and the policy reads no "
                           f"state: set data.features.env_state or model.use_state)")
     stats = ds.stats
-    # build_dataset loads env_state as a label, so a missing feature has been named there already
+    # build_dataset loads env_state beside the labels, so a missing feature has been named there already
     env_state_dim = int(np.asarray(stats[env_state]["mean"]).size) if env_state else 0
     if "action" not in stats:
         raise PolicyError(f"dataset {ds.root} has no statistics for {ds.action_key!r}")
@@ -267,8 +284,10 @@ def model_config_for(cfg: PolicyConfig, ds: TrainingDataset, env_state: str | No
     if roles:
         _, h, w = ds.cache.image_shape(ds.cameras[roles[0]])
         frame = [h, w]
-    return dataclasses.replace(cfg, cameras=roles, action_shape=action_shape, state_dim=state_dim,
-                               env_state_dim=env_state_dim, frame_size=frame)
+    filled = dataclasses.replace(cfg, cameras=roles, action_shape=action_shape, state_dim=state_dim,
+                                 env_state_dim=env_state_dim, frame_size=frame)
+    check_io(filled)  # before anything is computed from the config (e.g. relative action statistics)
+    return filled
 
 
 def policy_stats(cfg: PolicyConfig, ds: TrainingDataset, env_state: str | None = None) -> dict[str, dict[str, np.ndarray]]:
@@ -430,133 +449,172 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> TrainResult:
 
 
 def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
-    import yaml
-    from tqdm import tqdm
-
+    """Set up a run (dataset, policy, optimizer, resume point), take its steps, save it."""
     out = Path(cfg.out)
-    if cfg.steps < 1 or cfg.batch_size < 1:
-        raise ConfigError("steps and batch_size must be >= 1")
-    latest = _latest_checkpoint(out) if cfg.resume else None
-    if not cfg.resume and not cfg.overwrite and ((out / "final").exists() or _latest_checkpoint(out)):
-        raise TrainError(f"{out} already holds a run: pass --resume to continue it, overwrite=true to "
-                         f"start over, or choose another out=")
+    latest = _check_out_dir(cfg, out)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
-    if amp_dtype == torch.float16 and device.type != "cuda":
-        log(f"[train] amp=fp16 is GPU-only: training in float32 on {device} (amp=bf16 runs on a CPU)")
-        amp_dtype = None
-    if amp_dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_native_bf16():
-        log("[train] amp=bf16: this CPU has no AVX512-BF16 or AMX, so bf16 is emulated and usually slower "
-            "than float32 (amp=none)")
-
+    amp_dtype = _amp_dtype(cfg.amp, device, log)
+    weights = loss_weights(cfg)
     ds = build_dataset(cfg, progress=cfg.progress)
     env_key = cfg.data.features.env_state
     model_cfg = model_config_for(cfg.model, ds, env_key)
     policy = Policy(model_cfg, policy_stats(model_cfg, ds, env_key)).to(device)
     locator = _load_locator(cfg.locator, policy, env_key) if cfg.locator else None
     if cfg.init_from and latest is None:
-        info = policy.load_pretrained(cfg.init_from)
-        fresh = sorted({".".join(k.split(".")[:2]) for k in info["new"]})
-        log(f"[train] init from {cfg.init_from}: {len(info['loaded'])} tensors loaded, {len(info['new'])} "
-            f"initialised fresh" + (f" ({', '.join(fresh[:4])})" if fresh else ""))
+        _init_from(policy, cfg.init_from, log)
     out.mkdir(parents=True, exist_ok=True)
-    resolved = dataclasses.replace(cfg, model=model_cfg)
-    (out / "train_config.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(to_dict(resolved))), sort_keys=False))
-
-    weights = {k: v for k, v in dataclasses.asdict(cfg.loss).items() if v}
-    if not weights:
-        raise ConfigError("every loss weight is 0: nothing to train (loss.action, loss.align, ...)")
+    _write_resolved_config(out, dataclasses.replace(cfg, model=model_cfg))
     n_params = sum(p.numel() for p in policy.parameters())
     n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     log(f"[train] {cfg.name}: {ds}")
     log(f"[train] policy: head={model_cfg.head} aux={model_cfg.aux_heads} params={n_params / 1e6:.2f}M "
         f"(trainable {n_train / 1e6:.2f}M) device={device} losses={weights}")
 
+    use_cache, feats, feature_seconds = _features(cfg, ds, policy, device, log)
+    run = _Run(cfg, out, policy, device, amp_dtype, locator)
+    start_step = run.resume(latest, log)
+    batches = _batches(cfg, ds, feats, use_cache, policy.vision is None, cfg.seed + start_step, log)
+    if env_key and env_key != ENV_STATE:
+        batches = _renamed(batches, env_key, ENV_STATE)
+    metrics = MetricsLog(out, resume=latest is not None, log=log)
+    t0, started_at = time.perf_counter(), time.time()
+    first = run.steps(batches, weights, start_step, metrics)
+    seconds = time.perf_counter() - t0
+    result, summary = _finish(run, metrics, first, start_step, seconds, feature_seconds, use_cache, log)
+    write_summary(out, kind="train", config=cfg, seeds=[cfg.seed], wall_time_s=seconds,
+                  started_at=started_at, metrics={**summary, "steps_run": cfg.steps - start_step})
+    return result
+
+
+def _check_out_dir(cfg: TrainConfig, out: Path) -> Path | None:
+    """The checkpoint to resume from (``None``: a fresh run); refuses to write over another run."""
+    if cfg.steps < 1 or cfg.batch_size < 1:
+        raise ConfigError("steps and batch_size must be >= 1")
+    latest = _latest_checkpoint(out) if cfg.resume else None
+    if not cfg.resume and not cfg.overwrite and ((out / "final").exists() or _latest_checkpoint(out)):
+        raise TrainError(f"{out} already holds a run: pass --resume to continue it, overwrite=true to "
+                         f"start over, or choose another out=")
+    return latest
+
+
+def _amp_dtype(amp: str, device: torch.device, log: Callable[[str], None]) -> torch.dtype | None:
+    """The autocast dtype ``amp`` asks for on ``device`` (``None``: float32)."""
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    if amp_dtype == torch.float16 and device.type != "cuda":
+        log(f"[train] amp=fp16 is GPU-only: training in float32 on {device} (amp=bf16 runs on a CPU)")
+        amp_dtype = None
+    if amp_dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_native_bf16():
+        log("[train] amp=bf16: this CPU has no AVX512-BF16 or AMX, so bf16 is emulated and usually slower "
+            "than float32 (amp=none)")
+    return amp_dtype
+
+
+def _init_from(policy: Policy, checkpoint: str, log: Callable[[str], None]) -> None:
+    """Start from an earlier stage's matching tensors."""
+    info = policy.load_pretrained(checkpoint)
+    fresh = sorted({".".join(k.split(".")[:2]) for k in info["new"]})
+    log(f"[train] init from {checkpoint}: {len(info['loaded'])} tensors loaded, {len(info['new'])} "
+        f"initialised fresh" + (f" ({', '.join(fresh[:4])})" if fresh else ""))
+
+
+def _write_resolved_config(out: Path, resolved: TrainConfig) -> None:
+    import yaml
+
+    text = yaml.safe_dump(json.loads(json.dumps(to_dict(resolved))), sort_keys=False)
+    atomic_write_text(out / "train_config.yaml", text)
+
+
+def _features(cfg: TrainConfig, ds: TrainingDataset, policy: Policy, device: torch.device,
+              log: Callable[[str], None]) -> tuple[bool, dict, float]:
+    """``(train on cached features?, the cached features per camera, seconds spent encoding)``."""
     no_camera = policy.vision is None
     use_cache = no_camera or (cfg.data.feature_cache and policy.vision.frozen)
     if cfg.data.feature_cache and not use_cache:
         log("[train] feature cache off: some encoders are trainable")
     t_feat = time.perf_counter()
-    start_step = 0
     feats = {}
     if use_cache and not no_camera:
         feats = ensure_features(ds, policy.vision, cfg.data.feature_cache_dir, progress=cfg.progress,
                                 device=device, log=log, embed_text=policy.frame_text,
-                                text_model=model_cfg.language.model if policy.language is not None else None)
-    feature_seconds = time.perf_counter() - t_feat
+                                text_model=policy.config.language.model if policy.language is not None else None)
+    return use_cache, feats, time.perf_counter() - t_feat
 
-    opt = torch.optim.AdamW(param_groups(policy, cfg.optim), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
-    for g in opt.param_groups:
-        g["initial_lr"] = cfg.optim.lr * g["lr_mult"]
-    ema = Ema(policy, cfg.ema.decay) if cfg.ema.enabled else None
-    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
 
-    if latest is not None:
-        try:
-            state = torch.load(latest / STATE_FILE, map_location=device, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - a torn file or a foreign one
-            raise TrainError(f"{latest / STATE_FILE}: cannot read the trainer state ({exc})") from None
-        policy._load_state(state["raw_weights"], latest / STATE_FILE)
-        opt.load_state_dict(state["optimizer"])
-        if ema is not None and state.get("ema") is not None:
-            ema.state = {k: v.to(device) for k, v in state["ema"].items()}
-        if scaler is not None and state.get("scaler") is not None:
-            scaler.load_state_dict(state["scaler"])
-        start_step = int(state["step"])
-        seed_everything(cfg.seed + start_step)
-        log(f"[train] resumed from {latest} at step {start_step}")
-    elif cfg.resume:
-        log(f"[train] --resume: no checkpoint in {out / 'checkpoints'}, starting at step 0")
-
-    seed = cfg.seed + start_step  # a resumed run draws fresh batches from where it stopped
+def _batches(cfg: TrainConfig, ds: TrainingDataset, feats: dict, use_cache: bool, no_camera: bool, seed: int,
+             log: Callable[[str], None]):
+    """The endless batch iterator: cached features, or frames (augmented when asked)."""
     if use_cache:
         from robopolicy.train.data import CachedFeatureBatches
 
-        batches = iter(CachedFeatureBatches(ds, feats, cfg.batch_size, seed=seed))
         if cfg.augment.shift > 0 and not no_camera:
             log("[train] augment.shift ignored: frozen encoders train on cached features")
-    else:
-        from robopolicy.train.data import frame_batches
+        return iter(CachedFeatureBatches(ds, feats, cfg.batch_size, seed=seed))
+    from robopolicy.train.data import frame_batches
 
-        batches = frame_batches(ds, cfg.batch_size, cfg.data.num_workers, seed=seed)
-        if cfg.augment.shift > 0:
-            batches = shifted(batches, cfg.augment.shift, seed)
+    batches = frame_batches(ds, cfg.batch_size, cfg.data.num_workers, seed=seed)
+    return shifted(batches, cfg.augment.shift, seed) if cfg.augment.shift > 0 else batches
 
-    if env_key and env_key != ENV_STATE:
-        batches = _renamed(batches, env_key, ENV_STATE)
-    metrics = MetricsLog(out, resume=latest is not None, log=log)
 
-    def save_checkpoint(step: int, directory: Path, trainer_state: bool) -> None:
+class _Run:
+    """The optimizer side of a run: optimizer, EMA, grad scaler, checkpoints, the step loop."""
+
+    def __init__(self, cfg: TrainConfig, out: Path, policy: Policy, device: torch.device,
+                 amp_dtype: torch.dtype | None, locator: Policy | None):
+        self.cfg, self.out, self.policy, self.device, self.amp_dtype, self.locator = (
+            cfg, out, policy, device, amp_dtype, locator)
+        self.opt = torch.optim.AdamW(param_groups(policy, cfg.optim), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
+        for g in self.opt.param_groups:
+            g["initial_lr"] = cfg.optim.lr * g["lr_mult"]
+        self.ema = Ema(policy, cfg.ema.decay) if cfg.ema.enabled else None
+        self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+
+    def resume(self, latest: Path | None, log: Callable[[str], None]) -> int:
+        """Load the trainer state of ``latest`` (weights, optimizer, EMA, scaler); the step to start at."""
+        if latest is None:
+            if self.cfg.resume:
+                log(f"[train] --resume: no checkpoint in {self.out / 'checkpoints'}, starting at step 0")
+            return 0
+        try:
+            state = torch.load(latest / STATE_FILE, map_location=self.device, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a torn file or a foreign one
+            raise TrainError(f"{latest / STATE_FILE}: cannot read the trainer state ({exc})") from None
+        self.policy._load_state(state["raw_weights"], latest / STATE_FILE)
+        self.opt.load_state_dict(state["optimizer"])
+        if self.ema is not None and state.get("ema") is not None:
+            self.ema.state = {k: v.to(self.device) for k, v in state["ema"].items()}
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        start_step = int(state["step"])
+        seed_everything(self.cfg.seed + start_step)
+        log(f"[train] resumed from {latest} at step {start_step}")
+        return start_step
+
+    def save(self, step: int, directory: Path, trainer_state: bool) -> None:
+        """A policy checkpoint (the EMA weights when on); with ``trainer_state``, what resuming needs.
+        The final policy of a run with a locator is the modular policy (locator + this actor)."""
+        policy, ema, scaler = self.policy, self.ema, self.scaler
         raw = ema.swap_into(policy) if ema is not None else None
-        if locator is not None and not trainer_state:  # the final policy: locator + this actor, one checkpoint
-            ModularPolicy(locator, policy).save(directory)
+        if self.locator is not None and not trainer_state:
+            ModularPolicy(self.locator, policy).save(directory)
         else:
             policy.save(directory)
         if raw is not None:
             policy.load_state_dict(raw, strict=False)
         if trainer_state:
-            torch.save({"step": step, "optimizer": opt.state_dict(),
+            torch.save({"step": step, "optimizer": self.opt.state_dict(),
                         "raw_weights": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
                         "ema": {k: v.cpu() for k, v in ema.state.items()} if ema is not None else None,
                         "scaler": scaler.state_dict() if scaler is not None else None},
                        directory / STATE_FILE)
 
-    policy.train()
-    running: dict[str, list[float]] = {}
-    first: dict[str, float] = {}
-    bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.name, unit="step", disable=not cfg.progress,
-               mininterval=0.5, dynamic_ncols=True)
-    t0, started_at = time.perf_counter(), time.time()
-    t_log, samples_since = t0, 0
-    sps = 0.0
-    step = start_step
-    for step in range(start_step, cfg.steps):
+    def step(self, step: int, batch: dict, weights: dict[str, float]) -> dict[str, torch.Tensor]:
+        """One optimizer step on ``batch``; returns the named losses."""
+        cfg, policy, opt, scaler = self.cfg, self.policy, self.opt, self.scaler
         factor = lr_factor(step, cfg.steps, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = g["initial_lr"] * factor
-        batch = _to_device(next(batches), device)
-        autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+        autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
         with autocast:
             losses = policy.losses(batch, weights)
         loss = losses["total"]
@@ -575,45 +633,64 @@ def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
             scaler.update()
         else:
             opt.step()
-        if ema is not None:
-            ema.update(policy)
+        if self.ema is not None:
+            self.ema.update(policy)
+        return losses
 
-        bs = len(batch["task"]) if "task" in batch else int(batch["action"].shape[0])
-        samples_since += bs
-        for k, v in losses.items():
-            running.setdefault(k, []).append(float(v.detach()))
-        if not first and step == start_step:
-            first = {k: float(v.detach()) for k, v in losses.items()}
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            now = time.perf_counter()
-            sps = samples_since / max(now - t_log, 1e-9)
-            t_log, samples_since = now, 0
-            avg = {f"loss/{k}": float(np.mean(v)) for k, v in running.items()}
-            running = {}
-            metrics.add(done, {**avg, "lr": opt.param_groups[0]["lr"], "samples_per_s": sps})
-            bar.set_postfix(loss=f"{avg['loss/total']:.4f}", sps=f"{sps:.0f}")
-        bar.update(1)
-        if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-            save_checkpoint(done, out / "checkpoints" / f"step_{done:06d}", trainer_state=True)
-    bar.close()
-    seconds = time.perf_counter() - t0
+    def steps(self, batches, weights: dict[str, float], start_step: int, metrics: MetricsLog) -> dict[str, float]:
+        """Steps ``start_step .. cfg.steps``, logging every ``log_every`` and checkpointing every
+        ``save_every``; returns the first step's losses."""
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        self.policy.train()
+        running: dict[str, list[float]] = {}
+        first: dict[str, float] = {}
+        bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.name, unit="step", disable=not cfg.progress,
+                   mininterval=0.5, dynamic_ncols=True)
+        t_log, samples_since = time.perf_counter(), 0
+        for step in range(start_step, cfg.steps):
+            batch = _to_device(next(batches), self.device)
+            losses = self.step(step, batch, weights)
+            samples_since += len(batch["task"]) if "task" in batch else int(batch["action"].shape[0])
+            for k, v in losses.items():
+                running.setdefault(k, []).append(float(v.detach()))
+            if not first:
+                first = {k: float(v.detach()) for k, v in losses.items()}
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                now = time.perf_counter()
+                sps = samples_since / max(now - t_log, 1e-9)
+                t_log, samples_since = now, 0
+                avg = {f"loss/{k}": float(np.mean(v)) for k, v in running.items()}
+                running = {}
+                metrics.add(done, {**avg, "lr": self.opt.param_groups[0]["lr"], "samples_per_s": sps})
+                bar.set_postfix(loss=f"{avg['loss/total']:.4f}", sps=f"{sps:.0f}")
+            bar.update(1)
+            if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
+                self.save(done, self.out / "checkpoints" / f"step_{done:06d}", trainer_state=True)
+        bar.close()
+        return first
+
+
+def _finish(run: _Run, metrics: MetricsLog, first: dict[str, float], start_step: int, seconds: float,
+            feature_seconds: float, use_cache: bool, log: Callable[[str], None]) -> tuple[TrainResult, dict]:
+    """Save the last trainer state and the final policy; plot and summarize the run (the result
+    and the summary written to ``train_summary.json``)."""
+    cfg, out = run.cfg, run.out
     steps_run = cfg.steps - start_step
-    final_step = cfg.steps
-    save_checkpoint(final_step, out / "checkpoints" / f"step_{final_step:06d}", trainer_state=True)
-    save_checkpoint(final_step, out / "final", trainer_state=False)
-    if locator is not None:
+    run.save(cfg.steps, out / "checkpoints" / f"step_{cfg.steps:06d}", trainer_state=True)
+    run.save(cfg.steps, out / "final", trainer_state=False)
+    if run.locator is not None:
         log(f"[train] {out / 'final'}: a modular policy (locator {cfg.locator} + this actor)")
-    plot = metrics.plot(out / "losses.png", f"{cfg.name} ({model_cfg.head})")
+    plot = metrics.plot(out / "losses.png", f"{cfg.name} ({run.policy.config.head})")
     metrics.close()
     last = {k.removeprefix("loss/"): v for k, v in metrics.rows[-1].items() if k.startswith("loss/")} if metrics.rows else {}
-    result = TrainResult(out=out, final=out / "final", steps=final_step,
+    result = TrainResult(out=out, final=out / "final", steps=cfg.steps,
                          samples_per_s=steps_run * cfg.batch_size / seconds if steps_run else 0.0,
                          seconds=seconds, feature_seconds=feature_seconds, first_losses=first,
                          last_losses=last, used_feature_cache=use_cache)
     summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}
     summary["loss_plot"] = str(plot) if plot else None
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
-    write_summary(out, kind="train", config=cfg, seeds=[cfg.seed], wall_time_s=seconds,
-                  started_at=started_at, metrics={**summary, "steps_run": steps_run})
-    return result
+    atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1))
+    return result, summary
