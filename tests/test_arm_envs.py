@@ -504,54 +504,14 @@ def test_pickplace_staged_reward_ranks_the_phases_of_a_pick():
         ArmPickPlaceEnv(reward="sparse")
 
 
-def test_pickplace_progress_reward_is_the_step_change_of_the_staged_terms():
-    """reward="progress": on the same actions, each step pays what the staged terms' average changed
-    by on it (staged's reward + 1, bonus aside), counted from the reset's state; a reset starts it
-    afresh."""
-    staged = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged")
-    progress = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="progress")
-    rng = np.random.default_rng(0)
-    paid = []
-    for seed in (3, 4):
-        staged.reset(seed=seed)
-        progress.reset(seed=seed)
-        last = staged._evaluate()[1] + 1.0  # the staged average at the reset (no success there)
-        for _ in range(40):
-            q = staged.data.qpos[staged._arm_qadr] + rng.normal(0.0, 0.05, 5)
-            a = np.clip(np.append(q, 1.0), staged.action_space.low, staged.action_space.high)
-            _, r_s, *_ = staged.step(a)
-            _, r_p, *_ = progress.step(a)
-            now = r_s + 1.0
-            assert r_p == pytest.approx(now - last, abs=1e-9)
-            paid.append(r_p)
-            last = now
-    assert np.abs(paid).max() > 1e-3  # the arm moved: the reach term changed
-
-
-def test_pickplace_reach_sharpness_reshapes_only_the_staged_reaching_term():
-    """reach_sharpness replaces the staged reaching term's 10 (1/m): on the same actions the two
-    rewards differ by exactly (tanh(10 r) - tanh(k r)) / 3 at the tool point's distance r to the
-    cube; a bad value, or one with the dense reward, is refused."""
-    plain = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged")
-    sharp = ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged", reach_sharpness=50.0)
-    rng = np.random.default_rng(1)
-    plain.reset(seed=5)
-    sharp.reset(seed=5)
-    gaps = []
-    for _ in range(30):
-        q = plain.data.qpos[plain._arm_qadr] + rng.normal(0.0, 0.05, 5)
-        a = np.clip(np.append(q, 1.0), plain.action_space.low, plain.action_space.high)
-        _, r_plain, *_ = plain.step(a)
-        _, r_sharp, *_ = sharp.step(a)
-        reach = np.linalg.norm(sharp.data.site_xpos[sharp._tcp] - sharp.data.xpos[sharp._cube_body[sharp.goal_cube]])
-        assert r_plain - r_sharp == pytest.approx((np.tanh(50.0 * reach) - np.tanh(10.0 * reach)) / 3.0, abs=1e-9)
-        gaps.append(r_plain - r_sharp)
-    assert max(gaps) > 1e-3  # the terms differ where the tool point is a few centimetres off
-    for bad in (0.0, -1.0, float("nan"), True, "10"):
-        with pytest.raises(ValueError, match="reach_sharpness"):
-            ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged", reach_sharpness=bad)
-    with pytest.raises(ValueError, match="dense"):
-        ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="dense", reach_sharpness=50.0)
+def test_pickplace_removed_reward_options_are_refused():
+    """The "progress" reward and ``reach_sharpness`` were removed after they measured no gain
+    (docs/experiments/2026-12-07-removed-options.md): asking for either is an error, not a silent
+    default."""
+    with pytest.raises(ValueError, match="reward"):
+        ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="progress")
+    with pytest.raises((TypeError, ValueError), match="reach_sharpness"):
+        ArmPickPlaceEnv(image_size=16, use_cameras=False, reward="staged", reach_sharpness=50.0)
 
 
 def test_pickplace_align_weight_adds_the_tool_point_over_the_cube_term():

@@ -191,6 +191,68 @@ def test_any_gymnasium_env_through_the_mapping(tmp_path):
         evaluate(policy, EvalConfig(env=EnvConfig("test/Knob-v0"), episodes=1, videos=0, progress=False), save=False)
 
 
+class DialEnv(gymnasium.Env):
+    """An outside env: reports ``info["success"]`` (not ``is_success``) on step 2 only and never
+    ends on it (5 steps, then truncated); ``report=False``: no success key at all. Its constructor
+    takes no ``image_size`` / ``render_size``."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, render_mode=None, report: bool = True):
+        self.render_mode, self.report = render_mode, report
+        self.observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        info = {"success": self.t == 2} if self.report else {}
+        return np.zeros(3, np.float32), 0.0, False, self.t >= 5, info
+
+
+def test_outside_env_success_key_rules_and_the_warning(tmp_path):
+    for env_id, report in (("test/Dial-v0", True), ("test/MuteDial-v0", False)):
+        if env_id not in gymnasium.registry:
+            gymnasium.register(env_id, entry_point=DialEnv, kwargs={"report": report})
+    policy = ConstantPolicy([0.0], horizon=1)
+    lines = []
+
+    def run(env_id, **kw):
+        cfg = EvalConfig(env=EnvConfig(env_id), episodes=2, videos=0, image_size=32, progress=False, **kw)
+        return evaluate(policy, cfg, log=lines.append, save=False).splits[0]
+
+    split = run("test/Dial-v0")  # image_size / render_size are not offered to this constructor
+    assert split.summary["success_rate"] == 1.0 and split.episodes[0]["success_reported"]
+    assert run("test/Dial-v0", success="final").summary["success_rate"] == 0.0
+    assert not any("WARNING" in m for m in lines)
+    mute = run("test/MuteDial-v0")
+    assert mute.summary["success_rate"] == 0.0 and not mute.episodes[0]["success_reported"]
+    assert any("WARNING" in m and "neither info['is_success'] nor info['success']" in m for m in lines)
+    with pytest.raises(ValueError, match="success"):
+        EvalConfig(success="sometimes")
+
+
+def test_eval_offers_constructor_arguments_only_to_envs_that_take_them():
+    from robopolicy.eval.envs import accepts_kwarg
+    from robopolicy.eval.rollout import split_env_config
+
+    if "test/Dial-v0" not in gymnasium.registry:
+        gymnasium.register("test/Dial-v0", entry_point=DialEnv)
+    state_policy = ConstantPolicy(np.zeros(6))
+    state_policy.config = type("Cfg", (), {"cameras": [], "env_state_dim": 3, "frame_size": [32, 32]})()
+    arm = split_env_config(EvalConfig(env=EnvConfig("robopolicy/ArmReach-v0")), None, state_policy)
+    # ArmReach passes **kwargs on to the arm base class, which takes them
+    assert arm.kwargs == {"use_cameras": False, "env_state": True, "image_size": 32, "render_size": 160}
+    dial = split_env_config(EvalConfig(env=EnvConfig("test/Dial-v0"), image_size=64), None, state_policy)
+    assert dial.kwargs == {}
+    assert accepts_kwarg("robopolicy/PersonFollow-v0", "image_size") and not accepts_kwarg("Pusher-v5", "image_size")
+    assert not accepts_kwarg("robopolicy/PointReach-v0", "image_size") and not accepts_kwarg("No-v9", "image_size")
+
+
 def test_eval_config_rejects_unknown_split_and_keys():
     from robopolicy.config import load_config
 

@@ -16,8 +16,9 @@ from robopolicy.models.encoders import EncoderConfig
 from robopolicy.models.language import LanguageConfig
 from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
 from robopolicy.refine import dagger
-from robopolicy.refine.common import Curve, RewardScaler, evaluate_success, gae, ppo_loss, tracking_metrics
+from robopolicy.refine.common import Curve, evaluate_success, tracking_metrics
 from robopolicy.refine.residual import BASE_DIR, ResidualConfig, ResidualPolicy, load_any_policy
+from robopolicy.rl import RewardScaler, gae, ppo_loss
 
 LOW, HIGH = -np.full(6, 20.0, np.float32), np.full(6, 20.0, np.float32)
 
@@ -338,7 +339,7 @@ def test_dagger_filter_drops_unreliable_labels():
     assert [dagger.keep(f, probed) for f in (frame, saved, doomed)] == [True, True, False]
     assert dagger.flag_counts([frame, lost, saved, doomed, walled]) == {
         "target_lost": 1, "near_collision": 0, "target_unseen": 1, "near_obstacle": 1, "pre_failure": 2,
-        "unrecoverable": 1, "hazard": 0, "rescue": 0}
+        "unrecoverable": 1, "rescue": 0}
     with pytest.raises(ValueError, match="recover_horizon"):
         dagger.DAggerConfig(recover_horizon=0)
     assert all(dagger.keep(f, []) for f in (frame, lost, crash, before_fail))  # no filter: keep all
@@ -417,44 +418,6 @@ def test_dagger_marks_the_unrecoverable_states_before_each_failure():
     # rescue states: the probed ones the oracle still saves
     assert all(f["rescue"] == (f["pre_failure"] and not f["unrecoverable"]) for f in frames)
     assert counts["rescue"] == counts["pre_failure"] - counts["unrecoverable"] > 0
-
-
-def test_dagger_hazard_pushes_drive_toward_obstacles_and_hand_back():
-    """``hazard_prob``: a scripted push drives a robot that would stand still toward the nearest
-    obstacle or wall, flagged ``hazard``, and hands back once within ``hazard_stop``."""
-    from robopolicy.refine.common import make_refine_env
-
-    env_cfg = EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt", "image_size": 32})
-    env = make_refine_env(env_cfg, oracle=True, waypoints=8, hazard=True)
-    _, info = env.reset(seed=3)
-    gaps = [info["robot_clearance"]]
-    for _ in range(80):
-        assert info["hazard_action"].shape == (8, 3)
-        _, _, term, trunc, info = env.step(info["hazard_action"])
-        gaps.append(info["robot_clearance"])
-        if term or trunc:
-            break
-    env.close()
-    # it turns to face the nearest obstacle or wall, then closes in on it (until the episode ends)
-    assert gaps[-1] < gaps[0] - 1.0 and np.all(np.diff(gaps[-10:]) < 0)
-    with pytest.raises(ValueError, match="hazard_twist"):
-        make_refine_env(EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False}), hazard=True)
-    with pytest.raises(ValueError, match="hazard"):
-        dagger.DAggerConfig(hazard_prob=0.5, hazard_stop=2.0, hazard_range=1.5)
-
-    still = _still_waypoint_policy()
-    dcfg = dagger.DAggerConfig(env=env_cfg, steps_per_iteration=60, num_envs=1, filter=[], hazard_prob=1.0,
-                               hazard_range=20.0, hazard_steps=100, hazard_stop=0.3)
-    frames = dagger.collect(still, dcfg, 0.0, np.random.default_rng(0), 8)
-    first = frames[0]["episode"]
-    pushed = [f["hazard"] for f in first]
-    near = [dagger.has_flag(f, "near_obstacle") for f in first]
-    assert pushed[0] and any(near)  # pushed from the first step, it comes within 0.5 m
-    # within 0.3 m the push hands back for good: the standing policy stays there, near the obstacle
-    back = pushed.index(False)
-    assert all(pushed[:back]) and not any(pushed[back:]) and all(near[back:]) and len(first) > back + 5
-    calm = dagger.collect(still, dataclasses.replace(dcfg, hazard_prob=0.0), 0.0, np.random.default_rng(0), 8)
-    assert not any(f["hazard"] for f in calm) and dagger.flag_counts(calm)["hazard"] == 0
 
 
 def test_dagger_draws_flagged_states_by_their_weight(monkeypatch):
@@ -604,68 +567,6 @@ def test_evaluation_seeds_each_episode_as_robopolicy_eval_does():
     one = run(1, 7)
     assert run(2, 7) == one
     assert run(1, 8)[:2] == one[1:]
-
-
-def test_held_exploration_noise_repeats_within_each_hold(tmp_path, monkeypatch):
-    from robopolicy.refine import residual_ppo
-
-    actions = []
-    real = residual_ppo.make_vector_envs
-
-    def recording(*args, **kwargs):
-        envs = real(*args, **kwargs)
-        step = envs.step
-
-        def logged(action):
-            actions.append(np.array(action))
-            return step(action)
-        envs.step = logged
-        return envs
-
-    monkeypatch.setattr(residual_ppo, "make_vector_envs", recording)
-    env = EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False, "max_steps": 50})
-    cfg = residual_ppo.ResidualPPOConfig(env=env, residual=ResidualConfig(inputs=["state"], hidden=[16], log_std=-1.0),
-                                         total_env_steps=12, num_envs=1, num_steps=12, update_epochs=1,
-                                         eval_episodes=1, eval_envs=1, noise_hold=4, out_dir=str(tmp_path / "ppo"),
-                                         progress=False)
-    summary = residual_ppo.train(cfg, log=lambda s: None)
-    # the actor's last layer starts at zero: before the first update every action is pure noise
-    a = np.concatenate(actions)
-    assert a.shape == (12, 6)
-    for start in (0, 4, 8):
-        np.testing.assert_allclose(a[start:start + 4], np.repeat(a[start:start + 1], 4, 0))
-    assert not np.allclose(a[0], a[4]) and not np.allclose(a[4], a[8])
-    assert isinstance(load_any_policy(summary["checkpoint"]), ResidualPolicy)
-    with pytest.raises(ValueError, match="noise_hold must be >= 1"):
-        residual_ppo.ResidualPPOConfig(env=env, noise_hold=0)
-
-
-def test_state_noise_is_standard_normal_per_state_and_a_fixed_function_of_the_state_between_draws(tmp_path):
-    """``state_noise`` (gSDE): for one state, over draws of the weights, each dimension's noise is
-    N(0, 1), as per-step noise is (the likelihood stays valid); with the weights held, the same state
-    gets the same noise, a nearby state nearly the same, a distant one a different draw."""
-    from robopolicy.refine import residual_ppo
-
-    torch.manual_seed(0)
-    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[64, 64]), LOW, HIGH, state_dim=6)
-    h = policy.actor[-1].in_features
-    x = torch.randn(1, 6).repeat(20000, 1)
-    eps = residual_ppo.state_noise(policy, x, torch.randn(20000, h, 6))
-    assert abs(eps.mean().item()) < 0.03 and eps.std(0).sub(1).abs().max().item() < 0.03
-    w = torch.randn(1, h, 6).repeat(3, 1, 1)
-    x = torch.randn(1, 6)
-    states = torch.cat([x, x + 1e-3, -x])
-    e = residual_ppo.state_noise(policy, states, w)
-    np.testing.assert_allclose(residual_ppo.state_noise(policy, states, w).numpy(), e.numpy())
-    assert (e[0] - e[1]).abs().max() < 0.05 and (e[0] - e[2]).abs().max() > 0.1
-    # and the training loop runs with it and saves a loadable checkpoint
-    env = EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False, "max_steps": 50})
-    cfg = residual_ppo.ResidualPPOConfig(env=env, residual=ResidualConfig(inputs=["state"], hidden=[16], log_std=-1.0),
-                                         total_env_steps=16, num_envs=2, num_steps=8, update_epochs=1, eval_episodes=1,
-                                         eval_envs=1, state_noise=True, noise_hold=50, out_dir=str(tmp_path / "ppo"),
-                                         progress=False)
-    summary = residual_ppo.train(cfg, log=lambda s: None)
-    assert isinstance(load_any_policy(summary["checkpoint"]), ResidualPolicy)
 
 
 def test_chunk_actor_predicts_chunks_round_trips_and_runs_in_eval(tmp_path):
@@ -818,13 +719,17 @@ def test_clipped_likelihood_scores_a_clipped_sample_by_the_mass_beyond_the_bound
     torch.testing.assert_close(base.log_prob(d1, beyond, base_norm), (6 * log_cdf(-0.4))[None])
 
 
-def test_ppo_from_scratch_learns_a_task_with_a_known_answer(tmp_path):
+@pytest.mark.parametrize("kl_stop", ["actor", "update"])
+def test_ppo_from_scratch_learns_a_task_with_a_known_answer(tmp_path, kl_stop):
+    """Whichever the KL stop ends (the actor's epochs, or the whole update as RPD's does), PPO
+    learns PointReach."""
     from robopolicy.refine import residual_ppo
 
     cfg = residual_ppo.ResidualPPOConfig(env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
                                          residual=ResidualConfig(inputs=["state"], hidden=[64, 64], log_std=-0.5),
                                          total_env_steps=12_000, num_envs=2, num_steps=256, eval_every=12_000,
-                                         eval_episodes=50, eval_envs=1, out_dir=str(tmp_path / "ppo"), progress=False)
+                                         eval_episodes=50, eval_envs=1, kl_stop=kl_stop, out_dir=str(tmp_path / "ppo"),
+                                         progress=False)
     summary = residual_ppo.train(cfg, log=lambda s: None)
     assert summary["before"] <= 0.1 and summary["after"] >= 0.8
 
@@ -1073,66 +978,6 @@ def test_residual_ppo_with_chunk_decisions_learns_a_task_with_a_known_answer(tmp
     cfg.init_residual, cfg.total_env_steps, cfg.out_dir = summary["checkpoint"], 512, str(tmp_path / "stage2")
     again = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
     assert again["before"] == summary["after"]
-
-
-def test_failure_replay_draws_recent_failed_layouts_at_its_rate():
-    from robopolicy.refine.residual_ppo import FailureReplay, ResidualPPOConfig
-
-    replay = FailureReplay(0.5, size=3, seed=0)
-    fresh = [replay.draw() for _ in range(50)]  # nothing failed yet: every layout is fresh
-    assert not any(r for _, r in fresh) and len({s for s, _ in fresh}) == 50
-    assert all(FailureReplay.FRESH_LOW <= s < FailureReplay.FRESH_HIGH for s, _ in fresh)
-    for seed in (1, 2, 3, 4):
-        replay.record(seed, success=False)
-    replay.record(5, success=True)
-    assert list(replay.failed) == [2, 3, 4]  # the most recent failures; a success is not kept
-    drawn = [replay.draw() for _ in range(40)]
-    replayed = [s for s, r in drawn if r]
-    assert sorted(replayed) == [2, 3, 4] and not replay.failed  # each taken out when drawn
-    replay.record(3, success=False)  # failed again: back in the pool
-    rate = []
-    for _ in range(400):
-        seed, again = replay.draw()
-        rate.append(again)
-        replay.record(seed, success=not again)  # a replayed layout keeps failing
-    assert 0.4 < np.mean(rate) < 0.6
-    with pytest.raises(ValueError, match="replay_failures"):
-        ResidualPPOConfig(replay_failures=1.0)
-    with pytest.raises(ValueError, match="replay_size"):
-        ResidualPPOConfig(replay_failures=0.5, replay_size=0)
-
-
-def test_residual_ppo_replaying_failed_layouts_still_learns(tmp_path, monkeypatch):
-    """With replay_failures the loop resets the envs itself: the layouts it starts are the ones
-    replay draws, failed ones come back, and the residual still learns the known answer."""
-    from robopolicy.refine import residual_ppo
-
-    started, failed = [], []
-
-    class Logged(residual_ppo.FailureReplay):
-        def draw(self):
-            seed, again = super().draw()
-            started.append((seed, again))
-            return seed, again
-
-        def record(self, seed, success):
-            failed.extend([] if success else [seed])
-            super().record(seed, success)
-
-    monkeypatch.setattr(residual_ppo, "FailureReplay", Logged)
-    cfg = residual_ppo.ResidualPPOConfig(
-        env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
-        residual=ResidualConfig(inputs=["state", "base_action"], hidden=[64, 64], log_std=-0.5, scale=1.0,
-                                execute_steps=4, decision="chunk"),
-        total_env_steps=16_000, num_envs=2, num_steps=256, eval_every=16_000, eval_episodes=50, eval_envs=1,
-        replay_failures=0.5, out_dir=str(tmp_path / "ppo"), progress=False)
-    summary = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
-    assert summary["before"] <= 0.1 and summary["after"] >= 0.8
-    replayed = [s for s, again in started if again]
-    assert replayed and set(replayed) <= set(failed)
-    # the summary counts the replayed episodes that finished (those still running at the end are not)
-    assert 0 < summary["replayed_episodes"] <= len(replayed) <= summary["replayed_episodes"] + cfg.num_envs
-    assert len(started) >= 2 + len(failed)  # every finished episode started another
 
 
 def test_a_second_stage_starts_from_the_saved_residual_with_its_own_schedules(tmp_path):

@@ -115,6 +115,11 @@ class EvalConfig:
     videos: int = 2
     """MP4s of the first this-many episodes of each split (``env.render()``: egocentric +
     top-down for tracking, front + wrist + top-down for the arm)."""
+    success: Literal["auto", "final", "any"] = "auto"
+    """How an episode's success is read from the env's ``info``: ``final``, the last step's
+    ``is_success`` (or ``success``); ``any``, any step's; ``auto``, ``final`` for an env that
+    reports ``is_success`` and ``any`` for one that reports only ``success`` (Meta-World's
+    convention: an episode need not end on success). An env that reports neither gets a warning."""
     render_size: int | None = 160
     """Height of the video views (passed to the env as ``render_size``); ``None``: env default."""
     device: str = "auto"
@@ -132,6 +137,8 @@ class EvalConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.videos < 0:
             raise ValueError(f"videos must be >= 0, got {self.videos}")
+        if self.success not in ("auto", "final", "any"):
+            raise ValueError(f"success must be auto, final or any, got {self.success!r}")
 
     def split_list(self) -> list[str | None]:
         """The splits this run covers (``[None]`` for envs without splits)."""

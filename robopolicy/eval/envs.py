@@ -1,19 +1,24 @@
-"""The env an evaluation runs: task + observation/action mapping + follower + episode bookkeeping.
+"""The envs rollouts run: task + follower + task wrappers + mapping + episode bookkeeping, and
+the one vector-env factory (:func:`make_vector_env`) that evaluation and refinement share.
 
-No torch here: :func:`make_eval_env` is what each worker process of the vector env unpickles.
+No torch here: :func:`make_eval_env` and :func:`make_task_env` are what each worker process of a
+vector env unpickles.
 
 Wrapper stack, inside out::
 
-    task env ─► WaypointFollowWrapper (waypoint policies) ─► MappedEnv (LeRobot keys, action
+    task env ─► WaypointFollowWrapper (waypoint policies) ─► task wrappers (reward mode,
+    privileged state, oracle labels: ``sim_envs.wrappers``) ─► MappedEnv (LeRobot keys, action
     scale) ─► EvalEpisode (episode summary in info, MP4 of chosen seeds, parks when done)
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import gymnasium
 import numpy as np
@@ -21,9 +26,22 @@ from gymnasium import spaces
 
 from robopolicy.envs import EnvConfig, make_env
 from robopolicy.eval.config import EnvMapping
+from sim_envs.wrappers import wrap_task
 
 EPISODE_INFO = "eval_episode"
 """Info key holding the finished episode's summary (a JSON string) on its last step."""
+SUCCESS_KEYS = ("is_success", "success")
+"""Info keys an env reports success under (gymnasium's convention, then Meta-World's)."""
+SUCCESS_RULES = ("auto", "final", "any")
+
+
+def success_flag(info: dict) -> tuple[str | None, bool]:
+    """``(key, value)`` of the first :data:`SUCCESS_KEYS` entry in a step's ``info``; ``(None, False)``
+    when the env reports neither."""
+    for key in SUCCESS_KEYS:
+        if key in info:
+            return key, bool(info[key])
+    return None, False
 
 
 def _to_uint8_image(value: np.ndarray) -> np.ndarray:
@@ -130,12 +148,22 @@ class EvalEpisode(gymnasium.Wrapper):
     stay False: the vector env then never auto-resets, and the evaluation loop decides which
     seed each env runs next. After its end the env is parked: steps return the last observation
     without touching the task. Episodes whose seed is in ``videos`` are rendered to that MP4.
+
+    Success: the last step's ``info["is_success"]`` (an env that reports it on every step, such as
+    PersonFollow, is judged on the state it ends in); for an env that reports only
+    ``info["success"]`` (Meta-World's convention, where an episode need not end on success), any
+    step's. ``success_rule`` ``final`` / ``any`` forces one reading. The summary's
+    ``success_reported`` is False when no step reported either key.
     """
 
-    def __init__(self, env: gymnasium.Env, videos: dict[int, str] | None = None, max_steps: int | None = None):
+    def __init__(self, env: gymnasium.Env, videos: dict[int, str] | None = None, max_steps: int | None = None,
+                 success_rule: str = "auto"):
         super().__init__(env)
+        if success_rule not in SUCCESS_RULES:
+            raise ValueError(f"success_rule must be one of {SUCCESS_RULES}, got {success_rule!r}")
         self.videos = dict(videos or {})
         self.max_steps = max_steps
+        self.success_rule = success_rule
         self._done = True
         self._last_obs: Any = None
         self._frames: list[np.ndarray] | None = None
@@ -143,6 +171,8 @@ class EvalEpisode(gymnasium.Wrapper):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         obs, info = self.env.reset(seed=seed, options=options or None)
         self._seed, self._steps, self._return, self._done = seed, 0, 0.0, False
+        self._success_key: str | None = None
+        self._ever_succeeded = False
         self._task = str(obs.get("task", "")) if isinstance(obs, dict) else ""
         self._last_obs = obs
         self._frames = [self.env.render()] if seed in self.videos else None
@@ -157,15 +187,22 @@ class EvalEpisode(gymnasium.Wrapper):
         self._last_obs = obs
         if self._frames is not None:
             self._frames.append(self.env.render())
+        key, flag = success_flag(info)
+        if key is not None:
+            self._success_key, self._ever_succeeded = key, self._ever_succeeded or flag
         if self.max_steps is not None and self._steps >= self.max_steps:
             truncated = True
         if not (terminated or truncated):
             return obs, reward, False, False, {}
         self._done = True
+        rule = self.success_rule
+        if rule == "auto":
+            rule = "any" if self._success_key == "success" else "final"
         summary = {
             "seed": self._seed,
             "steps": self._steps,
-            "success": bool(info.get("is_success", False)),
+            "success": self._ever_succeeded if rule == "any" else flag,
+            "success_reported": self._success_key is not None,
             "return": self._return,
             "task": self._task,
             "terminated": bool(terminated),
@@ -195,34 +232,111 @@ class EvalEnvSpec:
     """Everything a worker process needs to build one evaluation env (picklable)."""
 
     env: EnvConfig
-    mapping: EnvMapping = field(default_factory=EnvMapping)
+    mapping: EnvMapping | None = field(default_factory=EnvMapping)
+    """``None``: the task's own observation and action (refinement's evaluations)."""
     waypoints: int | None = None
     """K of a waypoint policy: wrap the task in ``WaypointFollowWrapper``; ``None``: act directly."""
     videos: dict[int, str] = field(default_factory=dict)
     max_steps: int | None = None
+    task: dict[str, Any] | None = None
+    """Task wrapper settings (:func:`sim_envs.wrappers.wrap_task`); ``None``: none."""
+    success_rule: str = "auto"
+    render_mode: str | None = "rgb_array"
+
+
+def make_task_env(env: EnvConfig, waypoints: int | None = None, render_mode: str | None = None, wrap: bool = True,
+                  **task: Any) -> gymnasium.Env:
+    """One task env: the registered env, through a waypoint follower when ``waypoints`` is K, and
+    (``wrap``) the task wrappers of ``task`` (reward, privileged, oracle, ...; see
+    :func:`sim_envs.wrappers.wrap_task`)."""
+    inner = make_env(env, render_mode=render_mode)
+    if waypoints is not None:
+        from sim_envs.person_follow.waypoints import WaypointFollowWrapper
+
+        inner = WaypointFollowWrapper(inner, num_waypoints=int(waypoints))
+    return wrap_task(inner, **task) if wrap else inner
 
 
 def make_eval_env(spec: EvalEnvSpec) -> gymnasium.Env:
     """Build the wrapped evaluation env for ``spec`` (see the module docstring)."""
-    env = make_env(spec.env, render_mode="rgb_array")
-    if spec.waypoints is not None:
-        from sim_envs.person_follow.waypoints import WaypointFollowWrapper
-
-        env = WaypointFollowWrapper(env, num_waypoints=int(spec.waypoints))
-    env = MappedEnv(env, spec.mapping)
-    return EvalEpisode(env, videos=spec.videos, max_steps=spec.max_steps)
+    env = make_task_env(spec.env, spec.waypoints, spec.render_mode, wrap=spec.task is not None, **(spec.task or {}))
+    if spec.mapping is not None:
+        env = MappedEnv(env, spec.mapping)
+    return EvalEpisode(env, videos=spec.videos, max_steps=spec.max_steps, success_rule=spec.success_rule)
 
 
-def make_vector_env(spec: EvalEnvSpec, num_envs: int) -> gymnasium.vector.VectorEnv:
-    """``num_envs`` copies of the env; worker processes (spawned, no GL state shared) when > 1.
-
-    Autoreset is disabled: :class:`EvalEpisode` reports episode ends in ``info`` and the
-    evaluation resets each env itself with the seed it wants.
-    """
-    from functools import partial
-
-    fns = [partial(make_eval_env, spec) for _ in range(num_envs)]
-    mode = gymnasium.vector.AutoresetMode.DISABLED
+def make_vector_env(make_one: Callable[[], gymnasium.Env], num_envs: int, autoreset: bool = False,
+                    copy: bool = True) -> gymnasium.vector.VectorEnv:
+    """``num_envs`` envs from ``make_one`` (a picklable callable): in this process for one, else in
+    worker processes started with ``spawn`` and no shared memory (text observations break with
+    shared memory, and a forked child hangs creating its EGL context). ``autoreset``: gymnasium's
+    same-step autoreset (the observation returned with ``done`` is the next episode's first);
+    otherwise none, and the caller resets finished envs with the seeds it wants."""
+    fns = [make_one for _ in range(num_envs)]
+    mode = gymnasium.vector.AutoresetMode.SAME_STEP if autoreset else gymnasium.vector.AutoresetMode.DISABLED
     if num_envs == 1:
-        return gymnasium.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=False)
-    return gymnasium.vector.AsyncVectorEnv(fns, context="spawn", shared_memory=False, autoreset_mode=mode, copy=False)
+        return gymnasium.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
+    return gymnasium.vector.AsyncVectorEnv(fns, context="spawn", shared_memory=False, autoreset_mode=mode, copy=copy)
+
+
+def make_eval_vector_env(spec: EvalEnvSpec, num_envs: int) -> gymnasium.vector.VectorEnv:
+    """``num_envs`` evaluation envs; :class:`EvalEpisode` reports episode ends in ``info``, and
+    the evaluation resets each env itself with the seed it wants."""
+    return make_vector_env(partial(make_eval_env, spec), num_envs, autoreset=False, copy=False)
+
+
+def make_task_envs(env: EnvConfig, num_envs: int, autoreset: bool = True, **kwargs: Any) -> gymnasium.vector.VectorEnv:
+    """``num_envs`` copies of :func:`make_task_env` (rollout envs of the refinement loops)."""
+    return make_vector_env(partial(make_task_env, env, **kwargs), num_envs, autoreset=autoreset)
+
+
+def single_spaces(env: EnvConfig, **kwargs: Any) -> tuple[gymnasium.spaces.Dict, gymnasium.spaces.Box]:
+    """Observation and action space of one task env (built once in this process, then closed)."""
+    e = make_task_env(env, **kwargs)
+    try:
+        return e.observation_space, e.action_space
+    finally:
+        e.close()
+
+
+def step_while(envs: gymnasium.vector.VectorEnv, action: np.ndarray, work: Callable[[], None]):
+    """``envs.step(action)`` with ``work()`` run while the workers step (spawned workers), or just
+    before the step (one env in this process): the learner's updates overlap the simulation. Either
+    way ``work`` sees the state before the step's results, so spawned and in-process envs give the
+    same sequence of updates."""
+    if isinstance(envs, gymnasium.vector.AsyncVectorEnv):
+        envs.step_async(action)
+        work()
+        return envs.step_wait()
+    work()
+    return envs.step(action)
+
+
+def accepts_kwarg(env_id: str, name: str) -> bool:
+    """Whether the env registered as ``env_id`` takes constructor argument ``name`` (its spec's
+    kwargs name it, or its entry point's signature names it, through ``**kwargs`` passed to a base)."""
+    try:
+        spec = gymnasium.spec(env_id)
+    except gymnasium.error.Error:
+        return False
+    if name in (spec.kwargs or {}):
+        return True
+    entry = spec.entry_point
+    if isinstance(entry, str):
+        try:
+            from gymnasium.envs.registration import load_env_creator
+
+            entry = load_env_creator(entry)
+        except (ImportError, AttributeError, ValueError):
+            return False
+    # a class whose __init__ passes **kwargs on is asked again through its bases' __init__
+    for owner in (entry.__mro__ if isinstance(entry, type) else (entry,)):
+        try:
+            params = inspect.signature(owner.__init__ if isinstance(owner, type) else owner).parameters
+        except (TypeError, ValueError):
+            return False
+        if name in params:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return False
+    return False

@@ -122,3 +122,39 @@ class PolicyRunner:
     @property
     def ms_per_call(self) -> float:
         return 1000.0 * self.seconds / self.calls if self.calls else float("nan")
+
+
+class PolicyActor:
+    """A policy acting one step at a time over W envs: its chunks (or waypoint sets) run through
+    the chunk executor, and it is asked again only for the rows whose chunk is spent (on every
+    step with ``every_step``, so a temporal context sees every frame; otherwise the skipped steps'
+    frames are only observed). ``act(obs, active)`` gives ``(W, *action)``; rows not in ``active``
+    get zeros. ``first(obs)``, when given, makes the first prediction instead of the runner (to
+    check what the policy returns, once)."""
+
+    def __init__(self, runner: PolicyRunner, executor: Any, every_step: bool = False, first: Any = None):
+        self.runner, self.executor, self.every_step, self._first = runner, executor, every_step, first
+
+    def act(self, obs: Mapping[str, Any], active: np.ndarray | None = None) -> np.ndarray:
+        width = len(obs["task"]) if "task" in obs else len(next(iter(obs.values())))
+        had = self.executor.n_envs
+        if self.executor.resize(width) and had:  # a new batch size: every row starts afresh
+            self.runner.reset()
+        active = np.arange(width) if active is None else np.asarray(active)
+        needs = self.executor.needs()
+        need = [int(r) for r in active if needs[r]]
+        if need or self.every_step:
+            pred = self.runner.predict(obs) if self._first is None else self._first(obs)
+            self._first = None
+            if need:
+                self.executor.add(need, pred[need])
+        else:
+            self.runner.observe(obs)
+        step = self.executor.next(active)
+        actions = np.zeros((width, *step.shape[1:]), dtype=np.float32)
+        actions[active] = step
+        return actions
+
+    def reset(self, rows: list[int] | None = None) -> None:
+        self.executor.reset(rows)
+        self.runner.reset(None if rows is not None and set(rows) >= set(range(self.executor.n_envs)) else rows)

@@ -4,18 +4,16 @@
     report = evaluate(policy, EvalConfig(env=EnvConfig("robopolicy/PersonFollow-v0"), episodes=50, workers=2))
     print(report.table())
 
-Loop (one split): W envs step together (``gymnasium`` vector env, autoreset off). Each env runs
-one episode at a time; episode i has seed ``cfg.seed + i``, whatever W is, so two policies (or two
-worker counts) see the same scenes. When an env finishes, it takes the next seed at once if the
-policy can reset one batch row (``policy.reset(rows)``); otherwise the envs run in waves and the
-whole policy is reset between them. The policy always sees the full batch of W observations.
+One split: episode i has seed ``cfg.seed + i``, whatever the worker count, run by the one
+evaluation loop (:func:`robopolicy.eval.episodes.run_episodes`); the policy's chunks go through the
+chunk executor (:class:`hardware.control.chunking.ChunkExecutor`). Constructor arguments the
+evaluation adds (``image_size``, ``render_size``, ``use_cameras``, ``env_state``) are passed only
+to an env whose constructor takes them, so any gymnasium env can be evaluated.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,15 +21,14 @@ import numpy as np
 
 from hardware.control.chunking import ChunkExecutor
 from robopolicy.config import ConfigError
-from robopolicy.envs import EnvConfig
+from robopolicy.envs import EnvConfig, resolve_env_id
 from robopolicy.eval.config import EvalConfig
-from robopolicy.eval.envs import EPISODE_INFO, EvalEnvSpec, make_vector_env
-from robopolicy.eval.policy_runner import PolicyRunner
+from robopolicy.eval.envs import EvalEnvSpec, accepts_kwarg, make_eval_vector_env
+from robopolicy.eval.episodes import run_episodes, unreported_success
+from robopolicy.eval.policy_runner import PolicyActor, PolicyRunner
 from robopolicy.eval.report import EvalReport, SplitResult, summarize_split
 from robopolicy.utils.records import write_summary
 
-_RENDER_SIZE_TASKS = ("robopolicy/",)
-_ARM_TASKS = ("robopolicy/Arm",)
 
 
 def waypoint_count(policy: Any, default: int = 8) -> int:
@@ -71,22 +68,25 @@ def observation_needs(policy: Any) -> tuple[bool, bool]:
 
 
 def split_env_config(cfg: EvalConfig, split: str | None, policy: Any) -> EnvConfig:
-    """The env config of one split, with image and render sizes applied; an arm task is made
-    without cameras for a state-based policy and with ``env_state`` for one that reads it."""
+    """The env config of one split, with image and render sizes applied where the env's
+    constructor takes them; a task that can drop its cameras (``use_cameras``) is made without
+    them for a state-based policy, and one that can observe its scene state (``env_state``) with
+    it for a policy that reads it."""
     kwargs = dict(cfg.env.kwargs)
     if split is not None:
         kwargs["split"] = split
-    if cfg.env.id.startswith(_ARM_TASKS):
-        cams, scene = observation_needs(policy)
-        if not cams:
-            kwargs.setdefault("use_cameras", False)
-        if scene:
-            kwargs.setdefault("env_state", True)
+    env_id = resolve_env_id(cfg.env.id)
+
+    def offer(name: str, value: Any) -> None:
+        if value is not None and accepts_kwarg(env_id, name):
+            kwargs.setdefault(name, value)
+
+    cams, scene = observation_needs(policy)
+    offer("use_cameras", None if cams else False)
+    offer("env_state", True if scene else None)
     image_size = cfg.image_size if cfg.image_size is not None else trained_image_size(policy)
-    if image_size is not None and cfg.env.id.startswith(_RENDER_SIZE_TASKS):
-        kwargs.setdefault("image_size", int(image_size))
-    if cfg.render_size is not None and cfg.env.id.startswith(_RENDER_SIZE_TASKS):
-        kwargs.setdefault("render_size", int(cfg.render_size))
+    offer("image_size", None if image_size is None else int(image_size))
+    offer("render_size", None if cfg.render_size is None else int(cfg.render_size))
     return EnvConfig(id=cfg.env.id, kwargs=kwargs)
 
 
@@ -124,7 +124,7 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
     slug = label.replace("[", "_").replace("]", "")
     videos = {seeds[i]: str(video_dir / f"{slug}_ep{i:03d}_seed{seeds[i]}.mp4") for i in range(min(cfg.videos, n))}
     spec = EvalEnvSpec(env=env_cfg, mapping=cfg.mapping, waypoints=_follower_waypoints(cfg, runner), videos=videos,
-                       max_steps=cfg.max_steps)
+                       max_steps=cfg.max_steps, success_rule=cfg.success)
     width = min(cfg.workers, n)
     every_step = cfg.chunk.predict_every_step
     if every_step is None:  # a policy with temporal context must see every frame
@@ -136,73 +136,28 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
 
     t0 = time.perf_counter()
     calls0, secs0 = runner.calls, runner.seconds
-    envs = make_vector_env(spec, width)
+    envs = make_eval_vector_env(spec, width)
     try:
         action_shape = tuple(envs.single_action_space.shape)
-        pending = deque(range(n))
-        row_episode = np.full(width, -1)
-        records: list[dict | None] = [None] * n
-        env_steps = 0
-        checked = False
-        bar = tqdm(total=n, unit="ep", desc=label, disable=not cfg.progress, dynamic_ncols=True, leave=False)
 
-        def start(rows: list[int], obs: Any) -> Any:
-            mask = np.zeros(width, dtype=bool)
-            row_seeds: list[int | None] = [None] * width
-            for r in rows:
-                if pending:
-                    e = pending.popleft()
-                    row_episode[r], row_seeds[r], mask[r] = e, seeds[e], True
-                    executor.reset([r])
-            if not mask.any():
-                return obs
-            obs, _ = envs.reset(seed=row_seeds, options={"reset_mask": mask})
-            started = [int(r) for r in np.flatnonzero(mask)]
-            runner.reset(None if len(started) == width else started)
-            return obs
+        def first_prediction(obs: Any) -> np.ndarray:
+            try:
+                pred = runner.predict(obs)
+            except (ValueError, KeyError) as exc:
+                raise ValueError(f"the policy cannot act in {label} (observation keys "
+                                 f"{sorted(k for k in obs if k != 'task')}): {exc}") from exc
+            _check_prediction(pred, action_shape, runner.kind, label)
+            return pred
 
-        obs = start(list(range(width)), None)
-        while (row_episode >= 0).any():
-            active = np.flatnonzero(row_episode >= 0)
-            needs = executor.needs()
-            need = [int(r) for r in active if needs[r]]
-            if need or every_step:
-                if not checked:
-                    try:
-                        pred = runner.predict(obs)
-                    except (ValueError, KeyError) as exc:
-                        raise ValueError(f"the policy cannot act in {label} (observation keys "
-                                         f"{sorted(k for k in obs if k != 'task')}): {exc}") from exc
-                    _check_prediction(pred, action_shape, runner.kind, label)
-                    checked = True
-                else:
-                    pred = runner.predict(obs)
-                if need:
-                    executor.add(need, pred[need])
-            else:
-                runner.observe(obs)
-            actions = np.zeros((width, *action_shape), dtype=np.float32)
-            actions[active] = executor.next(active)
-            obs, _reward, _term, _trunc, infos = envs.step(actions)
-            env_steps += len(active)
-            done_mask = infos.get(f"_{EPISODE_INFO}")
-            if done_mask is None or not np.any(done_mask):
-                continue
-            finished = [int(r) for r in np.flatnonzero(done_mask)]
-            for r in finished:
-                records[row_episode[r]] = json.loads(infos[EPISODE_INFO][r])
-                row_episode[r] = -1
-            bar.update(len(finished))
-            if runner.per_row_reset:
-                obs = start(finished, obs)
-            elif (row_episode < 0).all():
-                obs = start(list(range(width)), obs)
-        bar.close()
+        actor = PolicyActor(runner, executor, every_step, first=first_prediction)
+        with tqdm(total=n, unit="ep", desc=label, disable=not cfg.progress, dynamic_ncols=True, leave=False) as bar:
+            episodes, env_steps = run_episodes(envs, actor, seeds, runner.per_row_reset, on_finish=bar.update)
         fps = float(envs.metadata.get("render_fps") or 0) or None
     finally:
         envs.close()
-
-    episodes = [r for r in records if r is not None]
+    warning = unreported_success(episodes)
+    if warning:
+        log(f"[eval] WARNING {label}: {warning}; name the env's success key, or give an env that reports one")
     seconds = time.perf_counter() - t0
     calls = runner.calls - calls0
     ms = 1000.0 * (runner.seconds - secs0) / calls if calls else float("nan")

@@ -32,9 +32,8 @@ from which the oracle itself, taking over, collides or loses the target within
 ``recover_horizon`` steps: a counterfactual probe in the env, PersonFollow only). ``pre_failure``
 also drops the states just before a failure that the oracle could still have saved, the ones
 whose labels show the recovery; ``unrecoverable`` keeps those (the probe's "rescue" states).
-``near_obstacle`` (the robot's rim within 0.5 m of an obstacle or wall) and ``hazard`` (the state
-was driven by a scripted push, see ``hazard_prob``) can be filtered too, though their labels are
-sound: they exist to be weighted.
+``near_obstacle`` (the robot's rim within 0.5 m of an obstacle or wall) can be filtered too, though
+its labels are sound: it exists to be weighted.
 
 Weights (``weights``, flag → factor): fine-tuning draws a kept state in proportion to the product
 of the factors of its flags, e.g. ``{rescue: 10}`` (the saveable states before a failure: failures
@@ -56,12 +55,15 @@ import numpy as np
 import torch
 
 from hardware.control.chunking import ChunkExecutor
+from robopolicy.data.features import ENV_STATE
 from robopolicy.envs import EnvConfig
+from robopolicy.eval.envs import make_task_envs
+from robopolicy.eval.episodes import EvalResult, evaluate_success
 from robopolicy.models.policy import Policy, PolicyError
-from robopolicy.refine.common import (ENV_STATE, LABEL_FLAGS, Curve, EvalResult, RefineRunOptions, evaluate_success,
-                                      make_vector_envs)
+from robopolicy.refine.common import Curve, RefineRunOptions
+from sim_envs.wrappers import LABEL_FLAGS
 
-FILTERS = (*LABEL_FLAGS, "pre_failure", "unrecoverable", "hazard")
+FILTERS = (*LABEL_FLAGS, "pre_failure", "unrecoverable")
 WEIGHTED = (*FILTERS, "rescue")
 
 
@@ -91,18 +93,6 @@ class DAggerConfig(RefineRunOptions):
     (``near_obstacle``: the robot within 0.5 m of an obstacle or wall), ``pre_failure`` and
     ``rescue`` (a failed episode's last ``pre_failure_steps`` states from which the oracle, taking
     over, still avoids the failure: probed as for ``unrecoverable``, PersonFollow only)."""
-    hazard_prob: float = 0.0
-    """Per step and env, the chance that a scripted push toward the nearest obstacle or wall takes
-    over while one is within ``hazard_range`` (PersonFollow only; 0: never). The push drives at it
-    for up to ``hazard_steps`` steps, until the robot's rim is within ``hazard_stop`` of it, then
-    hands back, so the policy's rollouts visit the states near obstacles and walls that it must
-    recover from, and the oracle labels them. The pushed states themselves carry the ``hazard``
-    flag (a filter drops them, a weight draws them)."""
-    hazard_range: float = 1.5
-    """m: a push starts only with an obstacle or wall this close to the robot's rim."""
-    hazard_steps: int = 10
-    hazard_stop: float = 0.3
-    """m: the push hands back once the robot's rim is this close to the obstacle or wall."""
     replan: bool = True
     """The oracle re-anchors its plan to the robot's actual state before labelling it (see
     :attr:`sim_envs.core.Oracle.replan`; the arm oracle uses it; the tracking oracle re-plans from
@@ -154,10 +144,6 @@ class DAggerConfig(RefineRunOptions):
         bad = {k: w for k, w in self.weights.items() if not (isinstance(w, (int, float)) and 0 < w < float("inf"))}
         if bad:
             raise ValueError(f"dagger.weights: factors must be finite numbers > 0 (1: no weighting), got {bad}")
-        if not (0.0 <= self.hazard_prob <= 1.0) or self.hazard_steps < 1 or not (0 < self.hazard_stop < self.hazard_range):
-            raise ValueError(f"dagger: hazard_prob must be in [0, 1], hazard_steps >= 1 and 0 < hazard_stop < "
-                             f"hazard_range, got {self.hazard_prob}, {self.hazard_steps}, {self.hazard_stop}, "
-                             f"{self.hazard_range}")
         if self.max_states < 0:
             raise ValueError(f"dagger.max_states must be >= 0 (0: keep every state), got {self.max_states}")
         if self.chunk_labels not in ("along", "oracle"):
@@ -190,28 +176,12 @@ def resolve_learner(policy, learner: str):
 
 def policy_actor(policy, steps_per_chunk: int | None, waypoints: bool):
     """``act(obs) -> (N, A)`` executing the policy's chunks through the chunk executor (one row per
-    env), and ``reset(rows)``."""
-    from robopolicy.eval.policy_runner import to_policy_batch
+    env; ``robopolicy eval``'s :class:`~robopolicy.eval.policy_runner.PolicyActor`), and ``reset(rows)``."""
+    from robopolicy.eval.policy_runner import PolicyActor, PolicyRunner
 
-    executor = ChunkExecutor("chunk", None if waypoints else steps_per_chunk, kind="waypoints" if waypoints else "action")
-
-    def act(obs):
-        executor.resize(len(obs["task"]))
-        need = np.flatnonzero(executor.needs())
-        with torch.inference_mode():
-            batch = to_policy_batch(obs)
-            if len(need):
-                executor.add(need, policy.predict(batch).numpy()[need])
-            elif max(policy.config.context_strides) > 0:
-                policy.observe(batch)
-        return executor.next()
-
-    def reset(rows):
-        executor.reset(rows)
-        with torch.inference_mode():
-            policy.reset() if set(rows) >= set(range(executor.n_envs)) else policy.reset(rows)
-
-    return act, reset
+    kind = "waypoints" if waypoints else "action"
+    actor = PolicyActor(PolicyRunner(policy), ChunkExecutor("chunk", None if waypoints else steps_per_chunk, kind=kind))
+    return actor.act, actor.reset
 
 
 def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, waypoints: int | None,
@@ -222,11 +192,10 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
     act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
     probe = cfg.pre_failure_steps if _probes(cfg) else 0
     chunk = policy.config.horizon if cfg.chunk_labels == "oracle" and waypoints is None and not scene_label else 0
-    envs = make_vector_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints,
+    envs = make_task_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints,
                             probe_window=probe, probe_horizon=cfg.recover_horizon, replan=cfg.replan,
-                            label_chunk=chunk, hazard=cfg.hazard_prob > 0)
+                            label_chunk=chunk)
     n = cfg.num_envs
-    push = np.zeros(n, int)  # steps left of each env's scripted push toward an obstacle (hazard_prob)
     scene_key = scene_label.removeprefix("label.") if scene_label else None
     episodes: list[list[dict]] = [[] for _ in range(n)]
     frames: list[dict] = []
@@ -242,19 +211,11 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
             label = info["oracle_waypoints"] if waypoints is not None else info["oracle_label"]
             oracle_exec = rng.random(n) < beta
             action = np.where(oracle_exec.reshape((n,) + (1,) * (own.ndim - 1)), label, own).astype(np.float32)
-            if cfg.hazard_prob > 0:
-                gap = np.asarray(info["robot_clearance"], np.float64)
-                push[(push == 0) & (gap < cfg.hazard_range) & (rng.random(n) < cfg.hazard_prob)] = cfg.hazard_steps
-                push[gap < cfg.hazard_stop] = 0
-                action[push > 0] = np.asarray(info["hazard_action"], np.float32)[push > 0]
-            pushed = push > 0
-            push[pushed] -= 1
             for i in range(n):
                 episodes[i].append({"obs": {k: np.array(v[i]) if k != "task" else str(v[i]) for k, v in obs.items()},
                                     "label": np.array(info["oracle_label"][i]),
                                     "waypoints": np.array(label[i]) if waypoints is not None else None,
                                     "flags": np.array(info["label_flags"][i]),
-                                    "hazard": bool(pushed[i]),
                                     "scene": np.array(info[scene_key][i]) if scene_key else None,
                                     "chunk": np.array(info["oracle_chunk"][i][:int(info["oracle_chunk_len"][i])])
                                     if chunk else None})
@@ -273,7 +234,6 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
                         fr["rescue"] = bool(probe and failed and j >= n_ep - probe and not fr["unrecoverable"])
                     frames += _with_chunks(episodes[i])
                     episodes[i] = []
-                    push[i] = 0
                 reset([int(i) for i in np.flatnonzero(done)])
     finally:
         envs.close()
@@ -489,8 +449,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         if curve.is_best() and res.success > before.success:
             policy.save(out / "best")
         bar.clear()  # the line goes above the bar, not into it
-        marks = dict.fromkeys([*cfg.weights, *(["rescue"] if _probes(cfg) else []),
-                               *(["hazard"] if cfg.hazard_prob > 0 else [])])
+        marks = dict.fromkeys([*cfg.weights, *(["rescue"] if _probes(cfg) else [])])
         rescued = f" ({', '.join(f'{sum(has_flag(x, f) for x in kept)} {f}' for f in marks)})" if marks else ""
         log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states{rescued}, aggregate "
             f"{len(data)}, loss {loss:.4f}, success {res.success:.1%} {res.metrics} (so far: rollouts "

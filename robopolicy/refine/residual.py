@@ -48,14 +48,18 @@ from robopolicy.config import build, load_yaml, to_dict
 from robopolicy.data.features import ENV_STATE
 from robopolicy.models.loading import load_policy as load_any_policy  # noqa: F401 - moved to robopolicy.models
 from robopolicy.models.policy import CONFIG_FILE, STATE, Policy, PolicyError
+from robopolicy.refine.adapters import TCP_ARMS, GripperSwitch, JointOffset, ToolPointOffset
+from robopolicy.rl import ActionDist, ActorCritic, RunningNorm
 from robopolicy.utils.files import atomic_directory
 
 RESIDUAL_CONFIG = CONFIG_FILE  # with ``type: residual``
 LEGACY_RESIDUAL_CONFIG = "residual.yaml"  # a checkpoint saved before ``config.yaml`` named its type
 RESIDUAL_WEIGHTS = "residual.safetensors"
 BASE_DIR = "base"
+FORMAT = 2
+"""Checkpoint format: 2 names the actor-critic's tensors ``ac.*`` (format 1: at the top level)."""
+AC_TENSORS = ("norm.", "actor.", "critic.", "log_std")
 INPUTS = ("state", "features", "base_action", "base_tcp", "environment_state", "time")
-TCP_ARMS = ("so101",)  # arms whose kinematics ``residual.tcp`` can use
 
 
 @dataclass
@@ -165,41 +169,50 @@ class ResidualConfig:
                              "limit in steps (e.g. 150 for ArmPushCube-v0)")
 
 
-def mlp(sizes: Sequence[int], zero_last: bool = False) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(nn.Tanh())
-    if zero_last:
-        nn.init.zeros_(layers[-1].weight)
-        nn.init.zeros_(layers[-1].bias)
-    return nn.Sequential(*layers)
-
-
-class RunningNorm(nn.Module):
-    """Running mean / variance of the residual's inputs (buffers: saved with the checkpoint)."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(dim))
-        self.register_buffer("var", torch.ones(dim))
-        self.register_buffer("count", torch.tensor(1e-4))
-
-    def update(self, x: torch.Tensor) -> None:
-        m, v, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        total = self.count + n
-        delta = m - self.mean
-        self.mean += delta * n / total
-        self.var = (self.var * self.count + v * n + delta**2 * self.count * n / total) / total
-        self.count = total
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x - self.mean) / (self.var.sqrt() + 1e-6)).clamp(-10, 10)
+def _check_base(config: ResidualConfig, base: Policy | None, action_dim: int) -> None:
+    """Refuse a base this residual cannot act over, or settings that need a base without one."""
+    if base is not None:
+        if base.output != "chunk":
+            raise PolicyError("residual PPO over a waypoint base is not supported yet (the residual corrects "
+                              "per-step actions; a waypoint base needs a residual on its follower's twist)")
+        if list(base.config.action_shape) != [action_dim]:
+            raise PolicyError(f"the base policy predicts {base.config.action_shape[-1]}-D actions but the env takes "
+                              f"{action_dim}-D actions: wrong base checkpoint for this env")
+        if config.chunk != 1:
+            raise PolicyError("residual.chunk > 1 is for a policy without a base (the residual corrects "
+                              "every executed base action)")
+    elif config.tcp:
+        raise PolicyError("residual.tcp moves the base's commanded tool-centre point; it needs a base "
+                          "policy (--base)")
+    elif config.switch_dims:
+        raise PolicyError("residual.switch_dims switches between the base's command and the action box's "
+                          "ends; it needs a base policy (--base)")
+    elif config.decision != "step":
+        raise PolicyError("residual.decision: chunk holds a correction over each base chunk; it needs a base "
+                          "policy (--base)")
+    else:
+        bad = [i for i in config.inputs if i in ("features", "base_action", "base_tcp")]
+        if bad:
+            raise PolicyError(f"residual.inputs {bad} need a base policy (--base); without one use "
+                              f"state and/or environment_state")
+    if any(d >= action_dim for d in config.switch_dims):
+        raise PolicyError(f"residual.switch_dims {config.switch_dims}: the action has {action_dim} dimensions")
+    if config.tcp and action_dim < 5:
+        raise PolicyError(f"residual.tcp needs an arm's joint-position action (5 joints, then the gripper); "
+                          f"this one has {action_dim} dimensions")
+    for key in ("scale_per_dim", "log_std_per_dim"):
+        if getattr(config, key) and len(getattr(config, key)) != action_dim:
+            raise PolicyError(f"residual.{key} has {len(getattr(config, key))} values, the action {action_dim}")
 
 
 class ResidualPolicy(nn.Module):
-    """Frozen base + residual actor-critic; the eval / run surface of a policy (see module docstring)."""
+    """A frozen base's executed chunk, corrected by an actor-critic's sample through the action
+    adapters; the eval / run surface of a policy (see the module docstring).
+
+    Parts, one role each: ``base`` (frozen, its chunks executed ``execute_steps`` at a time),
+    ``ac`` (:class:`~robopolicy.rl.ActorCritic`: input statistics, actor, critic, log-std),
+    ``offset`` / ``switcher`` / ``tool`` (:mod:`~robopolicy.refine.adapters`: how a sample changes
+    the base's command). Without a base it is a plain actor-critic policy over the whole action."""
 
     output = "chunk"
 
@@ -208,40 +221,18 @@ class ResidualPolicy(nn.Module):
         super().__init__()
         self.config = config
         self.base = base
+        a = len(action_low)
+        _check_base(config, base, a)
         if base is not None:
             for p in base.parameters():
                 p.requires_grad_(False)
-            if base.output != "chunk":
-                raise PolicyError("residual PPO over a waypoint base is not supported yet (the residual corrects "
-                                  "per-step actions; a waypoint base needs a residual on its follower's twist)")
-            if list(base.config.action_shape) != [len(action_low)]:
-                raise PolicyError(f"the base policy predicts {base.config.action_shape[-1]}-D actions but the env takes "
-                                  f"{len(action_low)}-D actions: wrong base checkpoint for this env")
             state_dim = base.config.state_dim or state_dim
-            if config.chunk != 1:
-                raise PolicyError("residual.chunk > 1 is for a policy without a base (the residual corrects "
-                                  "every executed base action)")
-        elif config.tcp:
-            raise PolicyError("residual.tcp moves the base's commanded tool-centre point; it needs a base "
-                              "policy (--base)")
-        elif config.switch_dims:
-            raise PolicyError("residual.switch_dims switches between the base's command and the action box's "
-                              "ends; it needs a base policy (--base)")
-        elif config.decision != "step":
-            raise PolicyError("residual.decision: chunk holds a correction over each base chunk; it needs a base "
-                              "policy (--base)")
-        else:
-            bad = [i for i in config.inputs if i in ("features", "base_action", "base_tcp")]
-            if bad:
-                raise PolicyError(f"residual.inputs {bad} need a base policy (--base); without one use "
-                                  f"state and/or environment_state")
         low = torch.as_tensor(np.asarray(action_low, np.float32))
         high = torch.as_tensor(np.asarray(action_high, np.float32))
         if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
             raise PolicyError("residual refinement needs a bounded action space")
         self.register_buffer("action_loc", (high + low) / 2)
         self.register_buffer("action_half", ((high - low) / 2).clamp(min=1e-6))
-        a = len(action_low)
         dims = {"state": state_dim, "features": base.config.d_model if base is not None else 0,
                 "base_action": a, "base_tcp": 3, "environment_state": env_state_dim, "time": 1}
         missing = [k for k in config.inputs if dims[k] <= 0]
@@ -249,34 +240,19 @@ class ResidualPolicy(nn.Module):
             raise PolicyError(f"residual input {missing[0]!r} has no size (state_dim={state_dim}, "
                               f"env_state_dim={env_state_dim})")
         self.input_dims = {k: int(dims[k]) for k in config.inputs}
-        d_in = sum(self.input_dims.values())
-        self.norm = RunningNorm(d_in)
-        if any(d >= a for d in config.switch_dims):
-            raise PolicyError(f"residual.switch_dims {config.switch_dims}: the action has {a} dimensions")
         self.switch = list(config.switch_dims)
-        if config.tcp and a < 5:
-            raise PolicyError(f"residual.tcp needs an arm's joint-position action (5 joints, then the gripper); "
-                              f"this one has {a} dimensions")
+        scale = torch.as_tensor(config.scale_per_dim or [config.scale] * a, dtype=torch.float32)
+        scale = scale if base is not None else torch.ones(a)
         tcp = torch.zeros(a, dtype=torch.bool)
         tcp[:3] = bool(config.tcp)
-        self.register_buffer("tcp_dims", tcp, persistent=False)
-        self._arm: Any = None  # the arm's kinematics (``residual.tcp``), built on first use
-        p = config.switch_prob
-        self.register_buffer("switch_prior", torch.log(torch.tensor([1 - 2 * p, p, p])), persistent=False)
-        self.actor = mlp([d_in, *config.hidden, a * config.chunk + 3 * len(self.switch)], zero_last=True)
-        self.critic = mlp([d_in, *config.hidden, 1])
-        for key in ("scale_per_dim", "log_std_per_dim"):
-            if getattr(config, key) and len(getattr(config, key)) != a:
-                raise PolicyError(f"residual.{key} has {len(getattr(config, key))} values, the action {a}")
-        log_std = torch.as_tensor(config.log_std_per_dim or [config.log_std] * a, dtype=torch.float32)
-        self.log_std = nn.Parameter(log_std, requires_grad=config.learn_std)
-        scale = torch.as_tensor(config.scale_per_dim or [config.scale] * a, dtype=torch.float32)
-        self.register_buffer("step_scale", scale if base is not None else torch.ones(a), persistent=False)
-        # 1 on the Gaussian dimensions: not a switch, and moved by the residual (a scale-0 dimension
-        # has no effect, so no likelihood either)
-        continuous = (self.step_scale > 0).float().repeat(config.chunk)
-        continuous[self.switch] = 0.0
-        self.register_buffer("continuous", continuous, persistent=False)
+        # a scale-0 dimension moves nothing, so it has no likelihood either
+        self.ac = ActorCritic(sum(self.input_dims.values()), a * config.chunk, config.hidden,
+                              torch.as_tensor(config.log_std_per_dim or [config.log_std] * a), config.learn_std,
+                              self.switch, config.switch_prob, gaussian=(scale > 0).repeat(config.chunk),
+                              chunk=config.chunk)
+        self.offset = JointOffset(scale, ~tcp)
+        self.switcher = GripperSwitch(self.switch) if self.switch else None
+        self.tool = ToolPointOffset(config.tcp, scale, config.bound) if config.tcp else None
         self._queue: list[list[np.ndarray]] = []
         self._planned = 0  # actions queued from each base chunk
         self.fresh = torch.zeros(0, dtype=torch.bool)  # rows that decide this step (see ``decides``)
@@ -284,6 +260,28 @@ class ResidualPolicy(nn.Module):
         self.elapsed = np.zeros(0, dtype=np.int64)  # steps acted since reset, per row (the ``time`` input)
         self._features: torch.Tensor | None = None
         self._memory_hook: Any = None
+
+    # the actor-critic's parts, as the training loops name them
+    @property
+    def actor(self) -> nn.Sequential:
+        return self.ac.actor
+
+    @property
+    def critic(self) -> nn.Sequential:
+        return self.ac.critic
+
+    @property
+    def norm(self) -> RunningNorm:
+        return self.ac.norm
+
+    @property
+    def log_std(self) -> nn.Parameter:
+        return self.ac.log_std
+
+    @property
+    def step_scale(self) -> torch.Tensor:
+        """``(A,)``: each action dimension's residual step in normalized units (1 without a base)."""
+        return self.offset.scale
 
     # ------------------------------------------------------------------ eval / run surface
     @property
@@ -425,112 +423,53 @@ class ResidualPolicy(nn.Module):
         return x, base_norm
 
     def env_action(self, base_norm: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """Normalized base action + scaled residual → env units, inside the action box: ``(B, A)``,
-        or ``(B, chunk, A)`` for a chunk actor's ``(B, chunk * A)`` output."""
-        if self.config.chunk > 1:
-            residual = residual.reshape(residual.shape[0], self.config.chunk, -1)
-            base_norm = base_norm[:, None]
-        shift = torch.where(self.tcp_dims, 0.0, residual) if self.config.tcp else residual
-        a = base_norm + self.step_scale * shift
-        if self.switch:  # switch dimensions: residual = 0 keep the base's, 1 the box's low end, 2 its high end
-            choice = residual[:, self.switch].round().long().clamp(0, 2)
-            ends = torch.ones_like(choice, dtype=a.dtype)
-            options = torch.stack([base_norm[:, self.switch], -ends, ends], dim=-1)
-            a = a.clone()
-            a[:, self.switch] = options.gather(-1, choice[..., None]).squeeze(-1)
+        """Normalized base action + the residual through the adapters → env units, inside the action
+        box: ``(B, A)``, or ``(B, chunk, A)`` for a chunk actor's ``(B, chunk * A)`` output."""
+        a = self.offset.apply(base_norm, residual)
+        if self.switcher is not None:
+            a = self.switcher.apply(base_norm, residual, a)
         out = a.clamp(-1, 1) * self.action_half + self.action_loc
-        if self.config.tcp:
-            out = self._tcp_shift(out, base_norm, residual)
+        if self.tool is not None:
+            low, high = self.action_loc - self.action_half, self.action_loc + self.action_half
+            out = self.tool.apply(out, base_norm * self.action_half + self.action_loc, residual, low, high)
         return out
-
-    def _kinematics(self):
-        if self._arm is None:
-            from sim_envs.arm.ik import ArmIK
-
-            self._arm = ArmIK()
-        return self._arm
 
     def _command_tcp(self, base_act: torch.Tensor) -> torch.Tensor:
         """``(B, 3)``: the tool-centre point (m) of each row's commanded arm joints (``base_tcp``)."""
-        arm = self._kinematics()
-        q = base_act[:, :5].detach().cpu().double().numpy()
-        return torch.as_tensor(np.stack([arm.fk(row)[0] for row in q]), dtype=torch.float32)
+        return self.tool.command_tcp(base_act)
 
-    def _tcp_shift(self, action: torch.Tensor, base_norm: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``action (B, A)`` with the first four joints moved so that the tool-centre point of the
-        base's command moves by ``scale * residual[:, :3]`` metres (``residual.tcp``)."""
-        offset = self.bounded(residual[:, :3])
-        delta = (self.step_scale[:3] * offset).detach().cpu().double().numpy()
-        rows = np.flatnonzero(np.abs(delta).sum(1) > 0)
-        if len(rows) == 0:
-            return action
-        arm = self._kinematics()
-        q_base = (base_norm * self.action_half + self.action_loc).detach().cpu().double().numpy()
-        shift = np.zeros((action.shape[0], 4))
-        for i in rows:
-            shift[i] = arm.joint_shift(q_base[i, :5], delta[i])
-        out = action.clone()
-        out[:, :4] += torch.as_tensor(shift, dtype=out.dtype, device=out.device)
-        low, high = self.action_loc - self.action_half, self.action_loc + self.action_half
-        return torch.minimum(torch.maximum(out, low), high)
-
-    def dist(self, x_normed: torch.Tensor) -> "ResidualDist":
+    def dist(self, x_normed: torch.Tensor) -> ActionDist:
         """The residual's distribution for normalized inputs: Gaussian over ``(B, A)`` (``(B, chunk *
         A)`` for a chunk actor: one std per action dimension, shared by the chunk's steps), with a
         categorical over each of ``switch_dims`` in place of its Gaussian."""
-        out = self.actor(x_normed)
-        width = self.continuous.shape[0]
-        std = self.log_std.exp().repeat(self.config.chunk)
-        normal = torch.distributions.Normal(out[:, :width], std.expand(x_normed.shape[0], -1))
-        logits = out[:, width:].reshape(out.shape[0], len(self.switch), 3) + self.switch_prior if self.switch else None
-        return ResidualDist(normal, logits, self.switch)
+        return self.ac.dist(x_normed)
 
-    def log_prob(self, dist: "ResidualDist | torch.distributions.Normal", r: torch.Tensor,
+    def log_prob(self, dist: ActionDist | torch.distributions.Normal, r: torch.Tensor,
                  base_norm: torch.Tensor | None = None, clipped: bool = True) -> torch.Tensor:
         """Log-likelihood ``(B,)`` of residual samples ``r`` (``(B, A)`` or ``(B, chunk * A)``).
 
         The env executes ``clip(base_norm + scale * r, -1, 1)``: every sample beyond a bound
-        executes the bound itself. ``clipped`` (the clipped-action policy gradient, Fujita & Maeda
-        2018) scores such a sample by the probability mass beyond the bound, ``log P(r >= hi)``,
-        instead of its density. With the density, a dimension the task wants at its bound (a
-        gripper fully closed, a point at full speed) gives a gradient that keeps pushing the mean
-        outward, beyond the box, without limit; with the tail mass that gradient vanishes once the
-        mean is past the bound. ``base_norm``: ``(B, A)`` normalized base actions (``None``: 0).
-        A switch dimension adds its categorical log-probability of the chosen setting instead (a
-        plain ``Normal`` for ``dist``: no switch dimensions)."""
+        executes the bound itself. ``clipped`` scores such a sample by the probability mass beyond
+        the bound (:meth:`~robopolicy.rl.ActionDist.gaussian_log_prob`) with the bounds the
+        adapters give; otherwise by its density. ``base_norm``: ``(B, A)`` normalized base actions
+        (``None``: 0). A switch dimension adds its categorical log-probability of the chosen
+        setting instead (a plain ``Normal`` for ``dist``: no switch dimensions)."""
         if isinstance(dist, torch.distributions.Normal):
-            dist = ResidualDist(dist, None, [])
-        switched = dist.switch_log_prob(r)
-        logp = dist.normal.log_prob(r)
+            dist = ActionDist(dist, None, [], self.ac.gaussian)
         if not clipped:
-            return torch.where(self.continuous > 0, logp, 0.0).sum(-1) + switched
+            return dist.log_prob(r)
         k = self.config.chunk
-        base = torch.zeros_like(r) if base_norm is None else base_norm.repeat(1, k)
-        scale = self.step_scale.repeat(k).expand_as(r)
-        # a dimension with scale 0 (or a tcp offset without ``bound``) has no bound on its sample: its tail terms are
-        # computed at 0 and discarded. A far bound instead (the tail at ~-1e6 sigma) is not safe:
-        # log_ndtr's float32 gradient there is NaN for some arguments, and torch.where passes a
-        # discarded branch's NaN on (0 * NaN)
-        tcp = self.tcp_dims.repeat(k).expand_as(r) & (scale > 0)
-        boxed = (scale > 0) & ~tcp  # a tcp offset has no box of its own, unless ``bound`` gives it one
-        safe = scale.clamp(min=1e-12)
-        lo, hi = (-1.0 - base) / safe, (1.0 - base) / safe
-        if self.config.bound > 0:
-            boxed = boxed | tcp
-            lo, hi = torch.where(tcp, -self.config.bound, lo), torch.where(tcp, self.config.bound, hi)
-        mu, std = dist.mean, dist.stddev
-        upper = torch.special.log_ndtr(torch.where(boxed, (mu - hi) / std, 0.0))  # log P(sample >= hi)
-        lower = torch.special.log_ndtr(torch.where(boxed, (lo - mu) / std, 0.0))  # log P(sample <= lo)
-        hi, lo = torch.where(boxed, hi, torch.inf), torch.where(boxed, lo, -torch.inf)
-        logp = torch.where(r >= hi, upper, torch.where(r <= lo, lower, logp))
-        return torch.where(self.continuous > 0, logp, 0.0).sum(-1) + switched
+        base = torch.zeros(r.shape[0], r.shape[1] // k) if base_norm is None else base_norm
+        lo, hi = self.offset.bounds(base, k)
+        if self.tool is not None:
+            lo, hi = self.tool.bounds(lo, hi)
+        return dist.log_prob(r, lo, hi)
 
     def value(self, x_normed: torch.Tensor) -> torch.Tensor:
-        return self.critic(x_normed).squeeze(-1)
+        return self.ac.value(x_normed)
 
     def trainable_parameters(self) -> dict[str, list[nn.Parameter]]:
-        actor = list(self.actor.parameters()) + ([self.log_std] if self.config.learn_std else [])
-        return {"actor": actor, "critic": list(self.critic.parameters())}
+        return self.ac.trainable_parameters()
 
     # ------------------------------------------------------------------ checkpoint
     def save(self, directory: str | Path) -> Path:
@@ -541,7 +480,7 @@ class ResidualPolicy(nn.Module):
         directory = Path(directory)
         state = {k: v.detach().cpu().contiguous().clone() for k, v in self.state_dict().items()
                  if not k.startswith("base.")}
-        meta = {"format": 1, "type": "residual", "kind": "residual" if self.base is not None else "actor_critic",
+        meta = {"format": FORMAT, "type": "residual", "kind": "residual" if self.base is not None else "actor_critic",
                 "residual": to_dict(self.config), "base": BASE_DIR if self.base is not None else None,
                 "action_low": (self.action_loc - self.action_half).tolist(),
                 "action_high": (self.action_loc + self.action_half).tolist(),
@@ -581,52 +520,16 @@ class ResidualPolicy(nn.Module):
         if not weights.is_file():
             raise PolicyError(f"{weights}: file is missing")
         state = load_file(str(weights))
+        if int(meta.get("format", 1)) > FORMAT:
+            raise PolicyError(f"{directory}: checkpoint format {meta['format']} is newer than this code reads "
+                              f"({FORMAT}); update robopolicy")
+        if int(meta.get("format", 1)) < 2:  # format 1: the actor-critic's tensors at the top level
+            state = {("ac." + k if k.startswith(AC_TENSORS) else k): v for k, v in state.items()}
         missing = [k for k in policy.state_dict() if not k.startswith("base.") and k not in state]
         if missing:
             raise PolicyError(f"{weights}: tensors missing (e.g. {missing[0]}): saved with another residual config")
         policy.load_state_dict(state, strict=False)
         return policy.to(device).eval()
-
-
-class ResidualDist:
-    """The residual's sampling distribution: a Gaussian ``normal`` over ``(B, W)`` and, for each
-    switch dimension, a categorical over (keep the base, low end, high end) with ``logits (B, S, 3)``.
-    A residual sample ``r (B, W)`` holds the chosen setting's index (0, 1, 2) in a switch column."""
-
-    def __init__(self, normal: torch.distributions.Normal, logits: torch.Tensor | None, switch: Sequence[int]):
-        self.normal, self.logits, self.switch = normal, logits, list(switch)
-
-    @property
-    def mean(self) -> torch.Tensor:
-        return self.normal.mean
-
-    @property
-    def stddev(self) -> torch.Tensor:
-        return self.normal.stddev
-
-    def sample(self, noise: torch.Tensor | None = None) -> torch.Tensor:
-        """A residual sample; ``noise``: standard-normal draws for the Gaussian (``None``: fresh)."""
-        r = self.normal.sample() if noise is None else self.normal.mean + self.normal.stddev * noise
-        if self.logits is not None:
-            r = r.clone()
-            r[:, self.switch] = torch.distributions.Categorical(logits=self.logits).sample().float()
-        return r
-
-    def mode(self, bound=None) -> torch.Tensor:
-        """The deterministic residual: the Gaussian's mean (passed through ``bound``), the most
-        probable setting in each switch column."""
-        r = self.normal.mean if bound is None else bound(self.normal.mean)
-        if self.logits is not None:
-            r = r.clone()
-            r[:, self.switch] = self.logits.argmax(-1).float()
-        return r
-
-    def switch_log_prob(self, r: torch.Tensor) -> torch.Tensor:
-        """``(B,)``: the log-probability of the settings chosen in ``r``'s switch columns (0 without any)."""
-        if self.logits is None:
-            return torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
-        choice = r[:, self.switch].round().long().clamp(0, 2)
-        return torch.distributions.Categorical(logits=self.logits).log_prob(choice).sum(-1)
 
 
 def init_from(policy: ResidualPolicy, directory: str | Path, option: str) -> None:
@@ -653,7 +556,7 @@ def init_from(policy: ResidualPolicy, directory: str | Path, option: str) -> Non
         if not same:
             raise PolicyError(f"{option} {directory}: its residual was learnt over another base policy "
                               f"than this run's (the base weights differ)")
-    state = {k: v for k, v in saved.state_dict().items() if k != "log_std" and not k.startswith("base.")}
+    state = {k: v for k, v in saved.state_dict().items() if k != "ac.log_std" and not k.startswith("base.")}
     policy.load_state_dict(state, strict=False)
 
 

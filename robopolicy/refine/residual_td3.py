@@ -24,7 +24,6 @@ Shapes: ``x (B, D_in)`` raw residual inputs (normalized when sampled), ``r (B, A
 from __future__ import annotations
 
 import copy
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +35,9 @@ from torch import nn
 
 from robopolicy.refine.common import Curve, make_vector_envs, step_while
 from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
-from robopolicy.refine.residual_ppo import (ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate,
+from robopolicy.refine.residual_run import (ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate,
                                             periodic_evaluation)
+from robopolicy.refine.summary import write_refine_summary
 
 
 @dataclass
@@ -132,6 +132,96 @@ def build_policy(cfg: ResidualTD3Config) -> ResidualPolicy:
     return build_residual(cfg)
 
 
+class TD3Learner:
+    """The critics, the target networks and their updates, on the policy's actor (clipped double Q
+    with target-policy smoothing; the actor every ``policy_delay`` critic updates after
+    ``critic_warmup``)."""
+
+    def __init__(self, policy: ResidualPolicy, cfg: ResidualTD3Config, rng: np.random.Generator):
+        a_dim, d_in = policy.action_loc.shape[0], policy.norm.mean.shape[0]
+        self.policy, self.cfg, self.rng = policy, cfg, rng
+        self.actor = policy.actor
+        self.actor_targ = copy.deepcopy(self.actor).requires_grad_(False)
+        self.qs = nn.ModuleList([QNetwork(d_in, a_dim, cfg.critic_hidden) for _ in range(2)])
+        self.qs_targ = copy.deepcopy(self.qs).requires_grad_(False)
+        self.opt_actor = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=True)
+        self.opt_critic = torch.optim.Adam(self.qs.parameters(), lr=cfg.critic_lr, fused=True)
+        self.buffer = ReplayBuffer(cfg.buffer_size, d_in, a_dim)
+        self.updates, self.owed = 0, 0.0
+        self.stats: dict[str, float] = {}
+
+    def update(self) -> None:
+        """One critic update on a sampled batch (and, when due, the actor's and the targets')."""
+        cfg, policy, qs = self.cfg, self.policy, self.qs
+        b = self.buffer.sample(cfg.batch_size, self.rng)
+        x, x_next = policy.norm(b["x"]), policy.norm(b["x_next"])
+        with torch.no_grad():
+            noise = (torch.randn_like(b["r"]) * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
+            r_next = policy.bounded(self.actor_targ(x_next) + noise)
+            q_next = torch.min(self.qs_targ[0](x_next, r_next), self.qs_targ[1](x_next, r_next))
+            target = b["ret"] + b["disc"] * (1 - b["done"]) * q_next
+        q_loss = sum(((q(x, b["r"]) - target) ** 2).mean() for q in qs)
+        self.opt_critic.zero_grad()
+        q_loss.backward()
+        self.opt_critic.step()
+        self.updates += 1
+        self.stats["q_loss"] = q_loss.item() / 2
+        if self.updates % cfg.policy_delay == 0:
+            if self.updates > cfg.critic_warmup:
+                r = self.actor(x)
+                q = qs[0](x, policy.bounded(r))
+                a_loss = -q.mean() + cfg.residual_penalty * r.pow(2).sum(-1).mean()
+                self.opt_actor.zero_grad()
+                a_loss.backward()
+                self.opt_actor.step()
+                self.stats.update(q=q.mean().item(), r_rms=r.pow(2).mean().sqrt().item())
+            with torch.no_grad():
+                for net, targ in ((self.actor, self.actor_targ), (qs, self.qs_targ)):
+                    for p, pt in zip(net.parameters(), targ.parameters()):
+                        pt.lerp_(p, cfg.tau)
+
+    def owe(self, decisions: int) -> None:
+        """``updates_per_decision`` updates per new decision, once ``learning_starts`` are stored."""
+        if self.buffer.size >= self.cfg.learning_starts:
+            self.owed += self.cfg.updates_per_decision * decisions
+
+    def pay(self) -> None:
+        """Run the owed updates (while the workers simulate the step)."""
+        while self.owed >= 1.0:
+            self.update()
+            self.owed -= 1.0
+
+
+class OpenTransitions:
+    """Each env's semi-MDP transition in progress: inputs and residual at its last decision, the
+    discounted reward collected since and the discount to now."""
+
+    def __init__(self, n: int, d_in: int, a_dim: int, gamma: float):
+        self.x, self.r = np.zeros((n, d_in), np.float32), np.zeros((n, a_dim), np.float32)
+        self.ret, self.disc, self.open = np.zeros(n), np.ones(n), np.zeros(n, dtype=bool)
+        self.gamma = gamma
+
+    def decide(self, buffer: ReplayBuffer, dec: np.ndarray, x: np.ndarray, r: np.ndarray) -> None:
+        """The rows ``dec`` decide now: their previous transition ends at ``x``, a new one starts."""
+        close = dec & self.open
+        if close.any():
+            buffer.add(self.x[close], self.r[close], self.ret[close], self.disc[close], x[close],
+                       np.zeros(int(close.sum())))
+        self.x[dec], self.r[dec] = x[dec], r[dec]
+        self.ret[dec], self.disc[dec], self.open[dec] = 0.0, 1.0, True
+
+    def step(self, reward: np.ndarray) -> None:
+        self.ret += self.disc * np.asarray(reward, np.float64)
+        self.disc *= self.gamma
+
+    def end(self, buffer: ReplayBuffer, done: np.ndarray) -> None:
+        """The rows ``done`` ended their episode: a terminal transition each (the time limit ends an
+        episode as a failure: no observation shows the time left)."""
+        rows = np.flatnonzero(done & self.open)
+        buffer.add(self.x[rows], self.r[rows], self.ret[rows], self.disc[rows], self.x[rows], np.ones(len(rows)))
+        self.open[done] = False
+
+
 def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Callable[[str], None] = print) -> dict:
     """Run residual TD3; returns a summary (before / after success, steps to 80%, paths)."""
     from safetensors.torch import save_file
@@ -141,127 +231,64 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
     rng = np.random.default_rng(cfg.seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out_dir)
+    out, started = Path(cfg.out_dir), time.time()
     policy = policy or build_policy(cfg)
     if policy.base is None or policy.config.bound <= 0:
         raise ValueError("residual TD3 needs a base policy and residual.bound > 0")
     if policy.switch:
         raise ValueError("residual TD3 trains a deterministic continuous residual; residual.switch_dims is for "
                          "residual PPO")
-    a_dim, d_in = policy.action_loc.shape[0], policy.norm.mean.shape[0]
-    actor = policy.actor
-    actor_targ = copy.deepcopy(actor).requires_grad_(False)
-    qs = nn.ModuleList([QNetwork(d_in, a_dim, cfg.critic_hidden) for _ in range(2)])
-    qs_targ = copy.deepcopy(qs).requires_grad_(False)
-    opt_actor = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr, fused=True)
-    opt_critic = torch.optim.Adam(qs.parameters(), lr=cfg.critic_lr, fused=True)
+    n, a_dim = cfg.num_envs, policy.action_loc.shape[0]
+    learner = TD3Learner(policy, cfg, rng)
     sigma = policy.log_std.detach().exp()
-    buffer = ReplayBuffer(cfg.buffer_size, d_in, a_dim)
-    curve = Curve(out, "curve")
-    t0 = time.perf_counter()
-
+    curve, t0 = Curve(out, "curve"), time.perf_counter()
     before = evaluate(policy, cfg)
     curve.add(0, before.success, seconds=time.perf_counter() - t0)
     log(f"[refine] before: success {before.success:.1%} ({before.episodes} episodes)")
 
-    n = cfg.num_envs
     envs = make_vector_envs(cfg.env, n, **env_kwargs(cfg))
-    # each row's open transition: inputs and residual at its last decision, reward and discount since
-    pend_x, pend_r = np.zeros((n, d_in), np.float32), np.zeros((n, a_dim), np.float32)
-    pend_ret, pend_disc, pend_open = np.zeros(n), np.ones(n), np.zeros(n, dtype=bool)
+    pending = OpenTransitions(n, policy.norm.mean.shape[0], a_dim, cfg.gamma)
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
     policy.reset()
-    env_steps, next_eval, decisions, updates, owed = 0, cfg.eval_every, 0, 0, 0.0
-    episodes, window_episodes, window_successes = 0, 0, 0
-    stats: dict[str, float] = {}
+    env_steps, next_eval, decisions, episodes = 0, cfg.eval_every, 0, 0
+    window = [0, 0]  # sampled training [episodes, successes] since the last evaluation
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
-
-    def update() -> None:
-        nonlocal updates
-        b = buffer.sample(cfg.batch_size, rng)
-        x, x_next = policy.norm(b["x"]), policy.norm(b["x_next"])
-        with torch.no_grad():
-            noise = (torch.randn_like(b["r"]) * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
-            r_next = policy.bounded(actor_targ(x_next) + noise)
-            q_next = torch.min(qs_targ[0](x_next, r_next), qs_targ[1](x_next, r_next))
-            target = b["ret"] + b["disc"] * (1 - b["done"]) * q_next
-        q_loss = sum(((q(x, b["r"]) - target) ** 2).mean() for q in qs)
-        opt_critic.zero_grad()
-        q_loss.backward()
-        opt_critic.step()
-        updates += 1
-        stats["q_loss"] = q_loss.item() / 2
-        if updates % cfg.policy_delay == 0:
-            if updates > cfg.critic_warmup:
-                r = actor(x)
-                q = qs[0](x, policy.bounded(r))
-                a_loss = -q.mean() + cfg.residual_penalty * r.pow(2).sum(-1).mean()
-                opt_actor.zero_grad()
-                a_loss.backward()
-                opt_actor.step()
-                stats.update(q=q.mean().item(), r_rms=r.pow(2).mean().sqrt().item())
-            with torch.no_grad():
-                for net, targ in ((actor, actor_targ), (qs, qs_targ)):
-                    for p, pt in zip(net.parameters(), targ.parameters()):
-                        pt.lerp_(p, cfg.tau)
-
-    def owed_updates() -> None:
-        nonlocal owed
-        while owed >= 1.0:
-            update()
-            owed -= 1.0
-
     try:
         while env_steps < cfg.total_env_steps:
             with torch.no_grad():
                 x, base_norm = policy.residual_input(obs)
                 policy.norm.update(x)
                 dec = policy.decides.numpy()
-                close = dec & pend_open
-                if close.any():  # a row that decides again ends its previous decision here
-                    buffer.add(pend_x[close], pend_r[close], pend_ret[close], pend_disc[close],
-                               x.numpy()[close], np.zeros(int(close.sum())))
-                r = policy.bounded(actor(policy.norm(x)) + sigma * torch.randn(n, a_dim))
-                pend_x[dec], pend_r[dec] = x.numpy()[dec], r.numpy()[dec]
-                pend_ret[dec], pend_disc[dec], pend_open[dec] = 0.0, 1.0, True
+                r = policy.bounded(policy.actor(policy.norm(x)) + sigma * torch.randn(n, a_dim))
+                pending.decide(learner.buffer, dec, x.numpy(), r.numpy())
                 decisions += int(dec.sum())
-                owed += cfg.updates_per_decision * int(dec.sum()) if buffer.size >= cfg.learning_starts else 0.0
+                learner.owe(int(dec.sum()))
                 action = policy.env_action(base_norm, policy.hold(r))
-            # the owed updates run while the workers simulate the step
-            obs, reward, term, trunc, info = step_while(envs, action.numpy(), owed_updates)
-            pend_ret += pend_disc * np.asarray(reward, np.float64)
-            pend_disc *= cfg.gamma
+            obs, reward, term, trunc, info = step_while(envs, action.numpy(), learner.pay)
+            pending.step(reward)
             done = np.logical_or(term, trunc)
             if done.any():
-                rows = np.flatnonzero(done & pend_open)
-                # the time limit ends an episode as a failure: no observation shows the time left
-                buffer.add(pend_x[rows], pend_r[rows], pend_ret[rows], pend_disc[rows], pend_x[rows],
-                           np.ones(len(rows)))
-                pend_open[done] = False
+                pending.end(learner.buffer, done)
                 policy.reset([int(i) for i in np.flatnonzero(done)])
-                won = int(np.asarray(info["final_info"].get("is_success", np.zeros(n)))[done].sum())
                 episodes += int(done.sum())
-                window_episodes += int(done.sum())
-                window_successes += won
+                window[0] += int(done.sum())
+                window[1] += int(np.asarray(info["final_info"].get("is_success", np.zeros(n)))[done].sum())
             env_steps += n
             bar.update(n)
-            if updates and env_steps % (64 * n) == 0:
-                bar.set_postfix(ep=episodes, train_sr=f"{window_successes / max(window_episodes, 1):.2f}",
-                                upd=updates, **{k: round(v, 3) for k, v in stats.items()})
-
+            if learner.updates and env_steps % (64 * n) == 0:
+                bar.set_postfix(ep=episodes, train_sr=f"{window[1] / max(window[0], 1):.2f}", upd=learner.updates,
+                                **{k: round(v, 3) for k, v in learner.stats.items()})
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
                 next_eval += cfg.eval_every
-                periodic_evaluation(policy, cfg, curve, env_steps, t0, window_episodes, window_successes, log,
-                                    updates=updates)
-                window_episodes, window_successes = 0, 0
+                periodic_evaluation(policy, cfg, curve, env_steps, t0, window, log, updates=learner.updates)
     finally:
         bar.close()
         envs.close()
     policy.save(out / "final")
-    save_file({k: v.contiguous() for k, v in qs.state_dict().items()}, str(out / "critics.safetensors"))
-    summary = {"before": before.success, "after": curve.rows[-1]["success"], "env_steps": env_steps, "decisions": decisions,
-               "updates": updates, "steps_to_80": curve.steps_to(0.8), "seconds": time.perf_counter() - t0,
-               "checkpoint": str(out / "final"), **curve.best_summary(), "curve_csv": str(out / "curve.csv"),
-               "curve_png": str(out / "curve.png")}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    save_file({k: v.contiguous() for k, v in learner.qs.state_dict().items()}, str(out / "critics.safetensors"))
+    summary = {"before": before.success, "after": curve.rows[-1]["success"], "env_steps": env_steps,
+               "decisions": decisions, "updates": learner.updates, "steps_to_80": curve.steps_to(0.8),
+               "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final"), **curve.best_summary(),
+               "curve_csv": str(out / "curve.csv"), "curve_png": str(out / "curve.png")}
+    write_refine_summary(cfg, summary, started)
     return summary

@@ -6,13 +6,13 @@ student actor-critic (:class:`~robopolicy.refine.residual.ResidualPolicy` withou
 low-dimensional inputs) → roll out the *student* (its samples execute) while the teacher labels
 every visited state → loss = PPO(student) + λ · ‖student mean − teacher action‖² in normalized
 action units, λ annealed from ``bc_weight`` by ``bc_decay`` per update → evaluate → save the
-student (a checkpoint ``eval`` loads through ``load_any_policy``), and the student of the best
+student (a checkpoint ``eval`` loads through ``load_policy``), and the student of the best
 evaluation in ``best/``.
 
 A per-step student learns the teacher's closed-loop action (the teacher's chunk queues run in
 the same rollout). A chunk student (``student.chunk`` = k > 1) decides every k steps; PPO then
 treats each chunk as one transition (a semi-MDP: its discounted reward sum, γ^k to the next
-decision; ``refine.common.gae`` over the decision mask, as for residual PPO's chunk decisions) and
+decision; ``robopolicy.rl.gae`` over the decision mask, as for residual PPO's chunk decisions) and
 the BC target on every visited state is the first k actions of a fresh teacher
 chunk from that state. Either way the teacher needs the observations it was trained on (cameras
 for a vision teacher).
@@ -20,7 +20,6 @@ for a vision teacher).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +30,12 @@ import torch
 
 from robopolicy.envs import EnvConfig
 from robopolicy.eval.chunking import ChunkExecutor
-from robopolicy.refine.common import (Curve, RefineRunOptions, RewardScaler, evaluate_success, gae, make_vector_envs,
-                                      ppo_loss, single_spaces)
 from robopolicy.models.policy import PolicyError
+from robopolicy.refine.common import Curve, RefineRunOptions, evaluate_success, make_vector_envs, single_spaces
 from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, init_from, load_any_policy
+from robopolicy.refine.summary import write_refine_summary
+from robopolicy.rl import PPOSettings, RewardScaler, gae, ppo_update
+from robopolicy.rl.ppo import Batch, normalize_advantages
 
 
 @dataclass
@@ -59,6 +60,10 @@ class RPDConfig(RefineRunOptions):
     update_epochs: int = 10
     minibatches: int = 4
     target_kl: float = 0.1
+    kl_stop: str = "update"
+    """What a minibatch's KL beyond ``target_kl`` ends (:attr:`robopolicy.rl.PPOSettings.kl_stop`):
+    ``update``, the whole update from that minibatch on (RPD's), or ``actor``, the actor's epochs
+    only (residual PPO's)."""
     actor_lr: float = 3e-4
     critic_lr: float = 1e-3
     vf_coef: float = 0.5
@@ -73,7 +78,7 @@ class RPDConfig(RefineRunOptions):
     pg_coef: float = 1.0
     """Weight of the PPO term (1: RPD)."""
     dual_clip: float | None = 3.0
-    """Dual-clip PPO's bound (see ``common.ppo_loss``): the BC term moves the mean by many stds
+    """Dual-clip PPO's bound (see ``robopolicy.rl.ppo_loss``): the BC term moves the mean by many stds
     within an update, and without the bound the negative-advantage samples whose ratio then
     explodes dominate the step; ``None``: plain clipped PPO."""
     ppo_actor_lr: float | None = None
@@ -96,13 +101,43 @@ def count_parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> dict:
-    """Run RPD; returns a summary (teacher / student success, sizes, latency)."""
-    from tqdm import tqdm
+class BCTerm:
+    """The BC term as the PPO update's auxiliary loss: ``weight`` · mean squared error of the
+    student's (unclamped) mean to the teacher's labels, on samples drawn apart from the decisions
+    (every visited state is a BC sample, not only the decision states)."""
 
-    torch.manual_seed(cfg.seed)
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
+    def __init__(self, student: ResidualPolicy, x: torch.Tensor, y: torch.Tensor, per_batch: int, minibatches: int,
+                 weight: float):
+        self.student, self.x, self.y, self.weight = student, x, y, weight
+        self.per_batch, self.minibatches = per_batch, minibatches
+
+    def draw(self) -> tuple[torch.Tensor, ...]:
+        return torch.randperm(len(self.x))[:self.per_batch].chunk(self.minibatches)
+
+    def loss(self, idx: torch.Tensor) -> torch.Tensor:
+        # unclamped: a clamped mean outside the box would get no gradient back toward the teacher
+        return _bc_loss(self.student.actor(self.x[idx]), self.y[idx], self.student.config.chunk)
+
+
+@dataclass
+class Run:
+    """What the RPD loop carries from update to update."""
+
+    student: ResidualPolicy
+    teacher: ResidualPolicy
+    optimizers: list
+    scaler: RewardScaler
+    executors: list[ChunkExecutor]
+    bc: float
+    ppo_on: bool = False
+    bc_loss: float = float("nan")
+    train_eps: list[bool] = field(default_factory=list)
+    buf_x: torch.Tensor | None = None
+    buf_y: torch.Tensor | None = None
+
+
+def build(cfg: RPDConfig, teacher) -> tuple[ResidualPolicy, ResidualPolicy, dict]:
+    """The student, the teacher as a closed-loop actor (its chunks executed), the env kwargs."""
     teacher = teacher if teacher is not None else load_any_policy(cfg.base)
     if "time" in cfg.student.inputs:
         # the loop queries the student on every step for the BC labels, not only when it decides,
@@ -123,6 +158,104 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                   or teacher.horizon < k):
         raise PolicyError(f"a chunk student (student.chunk={k}) learns a teacher's chunks: the teacher must be a "
                           f"chunk policy checkpoint predicting at least {k} actions")
+    return student, teacher_wrap, kw
+
+
+def rollout(run: Run, envs, obs: dict, cfg: RPDConfig) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``num_steps`` steps of the sampled student (its chunks executed whole) while the teacher
+    labels every visited state; the next observation and the ``(T, N)`` buffers (the student's
+    sample, log-prob and value where it decided; ``bc_x`` raw inputs and ``bc_y`` labels of every state)."""
+    student, k, n, T = run.student, run.student.config.chunk, envs.num_envs, cfg.num_steps
+    width = student.ac.gaussian.shape[0]
+    buf = {"x": torch.zeros(T, n, student.norm.mean.shape[0]), "r": torch.zeros(T, n, width),
+           **{key: torch.zeros(T, n) for key in ("logp", "val", "rew", "done", "dec")}}
+    bc_x, bc_y = [], []
+    for t in range(T):
+        x_raw = student.residual_input(obs)[0]
+        student.norm.update(x_raw)
+        x = student.norm(x_raw)
+        bc_x.append(x_raw)
+        bc_y.append(_teacher_label(run.teacher, obs, k, student))
+        need = [i for i, e in enumerate(run.executors) if e.needs_chunk()]
+        if need:
+            dist = student.dist(x[need])
+            r = dist.sample()
+            buf["x"][t, need], buf["r"][t, need], buf["dec"][t, need] = x[need], r, 1.0
+            buf["logp"][t, need] = student.log_prob(dist, r, clipped=cfg.clipped_likelihood)
+            buf["val"][t, need] = student.value(x[need])
+            acts = student.env_action(torch.zeros(len(need), student.action_loc.shape[0]), r)
+            for j, i in enumerate(need):
+                run.executors[i].add(acts.reshape(len(need), k, -1)[j].numpy())
+        obs, reward, term, trunc, info = envs.step(np.stack([e.next_action() for e in run.executors]))
+        done = np.logical_or(term, trunc)
+        buf["rew"][t] = torch.as_tensor(run.scaler(np.asarray(reward, np.float64), done), dtype=torch.float32)
+        buf["done"][t] = torch.as_tensor(done, dtype=torch.float32)
+        if done.any():  # the sampled (exploring) student's episodes, for the training success
+            won = np.asarray(info.get("final_info", {}).get("is_success", np.zeros(n)))
+            run.train_eps.extend(bool(won[i]) for i in np.flatnonzero(done))
+            rows = [int(i) for i in np.flatnonzero(done)]
+            for i in rows:
+                run.executors[i].reset()
+            run.teacher.base.reset(rows) if k > 1 else run.teacher.reset(rows)
+    # A chunk still running at the rollout's end is cut there and bootstrapped from the value of
+    # the state reached; semi-MDP GAE over the decisions (robopolicy.rl.gae).
+    last_value = student.value(student.norm(student.residual_input(obs, peek=True)[0]))
+    buf["adv"], buf["ret"] = gae(buf["rew"], buf["val"], buf["done"], last_value, cfg.gamma, cfg.gae_lambda,
+                                 buf["dec"])
+    buf["bc_x"], buf["bc_y"] = torch.cat(bc_x), torch.cat(bc_y)
+    return obs, buf
+
+
+def update(run: Run, buf: dict[str, torch.Tensor], env_steps: int, cfg: RPDConfig) -> bool:
+    """PPO (KL stop as ``cfg.kl_stop``) plus the BC term on one rollout; False when the rollout
+    holds no decision (nothing to update)."""
+    keep = buf["dec"].reshape(-1) > 0
+    if not keep.any():
+        return False
+    student = run.student
+    flat = {key: buf[key].reshape(keep.shape[0], *buf[key].shape[2:])[keep]
+            for key in ("x", "r", "logp", "adv", "ret")}
+    bc_x, bc_y = buf["bc_x"], buf["bc_y"]
+    per_batch = len(bc_x)
+    if cfg.bc_buffer > 0:
+        run.buf_x = bc_x if run.buf_x is None else torch.cat([run.buf_x, bc_x])[-cfg.bc_buffer:]
+        run.buf_y = bc_y if run.buf_y is None else torch.cat([run.buf_y, bc_y])[-cfg.bc_buffer:]
+        bc_x, bc_y = run.buf_x, run.buf_y
+    bc_x = student.norm(bc_x)  # raw inputs, standardized with the statistics of now
+    joined = env_steps > cfg.bc_warmup_steps  # PPO's term is on from here
+    if joined and not run.ppo_on:
+        # A fresh actor optimizer: Adam's second moments, adapted to the BC term's small
+        # gradients, would otherwise turn the PPO term's far larger ones into steps many
+        # times the learning rate until they catch up (hundreds of steps).
+        run.ppo_on = True
+        lr = cfg.actor_lr if cfg.ppo_actor_lr is None else cfg.ppo_actor_lr
+        run.optimizers[0] = torch.optim.Adam(student.trainable_parameters()["actor"], lr=lr, eps=1e-5)
+    settings = PPOSettings(epochs=cfg.update_epochs, minibatches=cfg.minibatches, clip=cfg.clip,
+                           target_kl=cfg.target_kl, kl_stop=cfg.kl_stop, vf_coef=cfg.vf_coef,
+                           max_grad_norm=cfg.max_grad_norm, pg_coef=cfg.pg_coef if joined else 0.0,
+                           dual_clip=cfg.dual_clip)
+
+    def logp_of(idx):
+        return student.log_prob(student.dist(flat["x"][idx]), flat["r"][idx], clipped=cfg.clipped_likelihood)
+    stats = ppo_update(logp_of, lambda idx: student.value(flat["x"][idx]),
+                       Batch(flat["logp"], normalize_advantages(flat["adv"]), flat["ret"]), tuple(run.optimizers),
+                       student.trainable_parameters(), settings,
+                       aux=BCTerm(student, bc_x, bc_y, per_batch, cfg.minibatches, run.bc))
+    run.bc_loss = stats.get("aux_loss", run.bc_loss)
+    if joined:  # the BC weight anneals once PPO has joined
+        run.bc = max(cfg.bc_min, run.bc * cfg.bc_decay)
+    return True
+
+
+def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> dict:
+    """Run RPD; returns a summary (teacher / student success, sizes, latency)."""
+    from tqdm import tqdm
+
+    torch.manual_seed(cfg.seed)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    started = time.time()
+    student, teacher_wrap, kw = build(cfg, teacher)
     out = Path(cfg.out_dir)
     curve = Curve(out, "curve")
     t0 = time.perf_counter()
@@ -134,145 +267,58 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     teacher_res, before = ev(teacher_wrap), ev(student)
     curve.add(0, before.success)
     log(f"[rpd] teacher success {teacher_res.success:.1%}; student before {before.success:.1%}")
-
     params = student.trainable_parameters()
-    opt_a = torch.optim.Adam(params["actor"], lr=cfg.actor_lr, eps=1e-5)
-    opt_c = torch.optim.Adam(params["critic"], lr=cfg.critic_lr, eps=1e-5)
+    run = Run(student, teacher_wrap, [torch.optim.Adam(params["actor"], lr=cfg.actor_lr, eps=1e-5),
+                                      torch.optim.Adam(params["critic"], lr=cfg.critic_lr, eps=1e-5)],
+              RewardScaler(cfg.num_envs, cfg.gamma, cfg.reward_clip), [ChunkExecutor() for _ in range(cfg.num_envs)],
+              cfg.bc_weight)
     envs = make_vector_envs(cfg.env, cfg.num_envs, **kw)
-    n, T = cfg.num_envs, cfg.num_steps
-    scaler = RewardScaler(n, cfg.gamma, cfg.reward_clip)
-    obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
+    obs, _ = envs.reset(seed=[cfg.seed + i for i in range(cfg.num_envs)])
     student.reset(), teacher_wrap.reset()
-    queues: list[list[np.ndarray]] = [[] for _ in range(n)]  # the student's chunk being executed, per env
-    env_steps, next_eval, bc = 0, cfg.eval_every, cfg.bc_weight
-    ppo_on = False
-    train_eps: list[bool] = []  # success of the training episodes since the last evaluation
-    buf_x = buf_y = None  # the BC buffer (bc_buffer > 0): raw student inputs and teacher labels
+    env_steps, next_eval = 0, cfg.eval_every
     bar = tqdm(total=cfg.total_env_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     try:
         while env_steps < cfg.total_env_steps:
-            bc_x, bc_y = [], []
-            # (T, n) rollout buffers; the student's sample, log-prob and value are kept where it decided
-            x_buf, r_buf = None, None
-            logp_buf, val_buf = torch.zeros(T, n), torch.zeros(T, n)
-            rew_buf, done_buf, dec_buf = torch.zeros(T, n), torch.zeros(T, n), torch.zeros(T, n)
             with torch.no_grad():
-                for t in range(T):
-                    x_raw = student.residual_input(obs)[0]
-                    student.norm.update(x_raw)
-                    x = student.norm(x_raw)
-                    bc_x.append(x_raw)
-                    bc_y.append(_teacher_label(teacher_wrap, obs, k, student))
-                    need = [i for i in range(n) if not queues[i]]
-                    if need:
-                        dist = student.dist(x[need])
-                        r = dist.sample()
-                        if x_buf is None:
-                            x_buf, r_buf = torch.zeros(T, n, x.shape[1]), torch.zeros(T, n, r.shape[1])
-                        x_buf[t, need], r_buf[t, need], dec_buf[t, need] = x[need], r, 1.0
-                        logp_buf[t, need] = student.log_prob(dist, r, clipped=cfg.clipped_likelihood)
-                        val_buf[t, need] = student.value(x[need])
-                        acts = student.env_action(torch.zeros(len(need), student.action_loc.shape[0]), r)
-                        acts = acts.reshape(len(need), k, -1).numpy()
-                        for j, i in enumerate(need):
-                            queues[i] = list(acts[j])
-                    obs, reward, term, trunc, info = envs.step(np.stack([q.pop(0) for q in queues]))
-                    done = np.logical_or(term, trunc)
-                    rew_buf[t] = torch.as_tensor(scaler(np.asarray(reward, np.float64), done), dtype=torch.float32)
-                    done_buf[t] = torch.as_tensor(done, dtype=torch.float32)
-                    if done.any():  # the sampled (exploring) student's episodes, for the training success
-                        won = np.asarray(info.get("final_info", {}).get("is_success", np.zeros(n)))
-                        train_eps.extend(bool(won[i]) for i in np.flatnonzero(done))
-                        rows = [int(i) for i in np.flatnonzero(done)]
-                        for i in rows:
-                            queues[i] = []
-                        teacher_wrap.base.reset(rows) if k > 1 else teacher_wrap.reset(rows)
-                env_steps += T * n
-                bar.update(T * n)
-                # A chunk still running at the rollout's end is cut there and bootstrapped from the
-                # value of the state reached; semi-MDP GAE over the decisions (refine.common.gae).
-                last_value = student.value(student.norm(student.residual_input(obs, peek=True)[0]))
-                adv, ret = gae(rew_buf, val_buf, done_buf, last_value, cfg.gamma, cfg.gae_lambda, dec_buf)
-            keep = dec_buf.reshape(-1) > 0
-            if not keep.any():
+                obs, buf = rollout(run, envs, obs, cfg)
+            env_steps += cfg.num_steps * cfg.num_envs
+            bar.update(cfg.num_steps * cfg.num_envs)
+            if not update(run, buf, env_steps, cfg):
                 continue
-            b_x = x_buf.reshape(T * n, -1)[keep]
-            b_r = r_buf.reshape(T * n, -1)[keep]
-            b_logp = logp_buf.reshape(-1)[keep]
-            adv, ret = adv.reshape(-1)[keep], ret.reshape(-1)[keep]
-            b_adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(adv) > 1 else adv
-            bc_x, bc_y = torch.cat(bc_x), torch.cat(bc_y)
-            per_batch = len(bc_x)
-            if cfg.bc_buffer > 0:
-                buf_x = bc_x if buf_x is None else torch.cat([buf_x, bc_x])[-cfg.bc_buffer:]
-                buf_y = bc_y if buf_y is None else torch.cat([buf_y, bc_y])[-cfg.bc_buffer:]
-                bc_x, bc_y = buf_x, buf_y
-            bc_x = student.norm(bc_x)  # raw inputs, standardized with the statistics of now
-            m = len(b_x)
-            joined = env_steps > cfg.bc_warmup_steps  # PPO's term is on from here
-            pg_w = cfg.pg_coef if joined else 0.0
-            if joined and not ppo_on:
-                # A fresh actor optimizer: Adam's second moments, adapted to the BC term's small
-                # gradients, would otherwise turn the PPO term's far larger ones into steps many
-                # times the learning rate until they catch up (hundreds of steps).
-                ppo_on = True
-                opt_a = torch.optim.Adam(params["actor"], lr=cfg.actor_lr if cfg.ppo_actor_lr is None else cfg.ppo_actor_lr,
-                                        eps=1e-5)
-            for _epoch in range(cfg.update_epochs):
-                stop = False
-                bc_idx = torch.randperm(len(bc_x))[:per_batch].chunk(cfg.minibatches)
-                for idx, bidx in zip(torch.randperm(m).chunk(cfg.minibatches), bc_idx):
-                    dist = student.dist(b_x[idx])
-                    pg, kl = ppo_loss(student.log_prob(dist, b_r[idx], clipped=cfg.clipped_likelihood), b_logp[idx],
-                                      b_adv[idx], cfg.clip, cfg.dual_clip)
-                    if pg_w and kl.item() > cfg.target_kl:
-                        stop = True
-                        break
-                    v_loss = 0.5 * (student.value(b_x[idx]) - ret[idx]).pow(2).mean()
-                    # every visited state is a BC sample (not only the decision states); unclamped: a
-                    # clamped mean outside the box would get no gradient back toward the teacher
-                    bc_loss = _bc_loss(student.actor(bc_x[bidx]), bc_y[bidx], k)
-                    opt_a.zero_grad()
-                    opt_c.zero_grad()
-                    (pg_w * pg + cfg.vf_coef * v_loss + bc * bc_loss).backward()
-                    # clipped apart: a large critic gradient must not shrink the actor's BC step
-                    torch.nn.utils.clip_grad_norm_(params["actor"], cfg.max_grad_norm)
-                    torch.nn.utils.clip_grad_norm_(params["critic"], cfg.max_grad_norm)
-                    opt_a.step()
-                    opt_c.step()
-                if stop:
-                    break
-            if joined:  # the BC weight anneals once PPO has joined
-                bc = max(cfg.bc_min, bc * cfg.bc_decay)
-            bar.set_postfix(bc=round(bc, 3), bc_loss=round(bc_loss.item(), 4),
-                            train_sr=round(float(np.mean(train_eps)), 2) if train_eps else None)
+            bar.set_postfix(bc=round(run.bc, 3), bc_loss=round(run.bc_loss, 4),
+                            train_sr=round(float(np.mean(run.train_eps)), 2) if run.train_eps else None)
             if env_steps >= next_eval or env_steps >= cfg.total_env_steps:
                 next_eval += cfg.eval_every
                 res = ev(student)
-                train_sr = float(np.mean(train_eps)) if train_eps else float("nan")
-                train_eps.clear()
-                curve.add(env_steps, res.success, bc_weight=bc, bc_loss=float(bc_loss.item()), train_success=train_sr)
+                train_sr = float(np.mean(run.train_eps)) if run.train_eps else float("nan")
+                run.train_eps.clear()
+                curve.add(env_steps, res.success, bc_weight=run.bc, bc_loss=run.bc_loss, train_success=train_sr)
                 if curve.is_best():
                     student.save(out / "best")
                 log(f"[rpd] {env_steps} env steps: student success {res.success:.1%}, sampled {train_sr:.1%} in "
-                    f"training (bc weight {bc:.3f}, "
-                    f"bc loss {bc_loss.item():.4f})")
+                    f"training (bc weight {run.bc:.3f}, bc loss {run.bc_loss:.4f})")
     finally:
         bar.close()
         envs.close()
     student.save(out / "final")
-    best = curve.best_summary()
-    latency = {name: _latency_ms(p, cfg, kw) for name, p in (("teacher", teacher_wrap), ("student", student))}
-    n_teacher = count_parameters(teacher_wrap.base if teacher_wrap.base is not None else teacher_wrap)
-    summary = {"teacher_success": teacher_res.success, "student_before": before.success,
-               "student_after": curve.rows[-1]["success"], "teacher_params": n_teacher,
-               "student_best": best.pop("best"), **best,
-               "student_params": count_parameters(student.actor) + student.log_std.numel(),
-               "latency_ms": latency, "latency_ratio": latency["teacher"] / max(latency["student"], 1e-9),
-               "env_steps": env_steps, "seconds": time.perf_counter() - t0, "checkpoint": str(out / "final")}
-    summary["size_ratio"] = summary["teacher_params"] / summary["student_params"]
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary = _summary(cfg, student, teacher_wrap, teacher_res.success, before.success, curve, kw)
+    summary.update(env_steps=env_steps, seconds=time.perf_counter() - t0)
+    write_refine_summary(cfg, summary, started)
     return summary
+
+
+def _summary(cfg: RPDConfig, student: ResidualPolicy, teacher: ResidualPolicy, teacher_success: float,
+             before: float, curve: Curve, kw: dict) -> dict:
+    """Teacher / student success, sizes and latency."""
+    best = curve.best_summary()
+    latency = {name: _latency_ms(p, cfg, kw) for name, p in (("teacher", teacher), ("student", student))}
+    n_teacher = count_parameters(teacher.base if teacher.base is not None else teacher)
+    n_student = count_parameters(student.actor) + student.log_std.numel()
+    return {"teacher_success": teacher_success, "student_before": before,
+            "student_after": curve.rows[-1]["success"], "teacher_params": n_teacher,
+            "student_best": best.pop("best"), **best, "student_params": n_student,
+            "latency_ms": latency, "latency_ratio": latency["teacher"] / max(latency["student"], 1e-9),
+            "checkpoint": str(Path(cfg.out_dir) / "final"), "size_ratio": n_teacher / n_student}
 
 
 def _stepper(policy) -> tuple[Callable[[dict], np.ndarray], Callable[[list[int] | None], None]]:

@@ -27,7 +27,6 @@ settings is refused (choose another ``out_dir``). The chain writes ``out_dir/cur
 from __future__ import annotations
 
 import csv
-import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Callable
 from robopolicy.config import ConfigError, build, deep_merge, load_config, to_dict
 from robopolicy.refine import residual_ppo
 from robopolicy.refine.common import Curve, save_run_config
-from robopolicy.utils.files import atomic_write_text
+from robopolicy.refine.summary import read_refine_summary, write_refine_summary
 
 CHAIN_KEYS = ("stages", "init_residual", "out_dir")
 """Settings the chain sets for every stage; a stage's mapping may not name them."""
@@ -67,13 +66,14 @@ def finished(cfg: residual_ppo.ResidualPPOConfig) -> dict | None:
     """The summary of a finished run of exactly ``cfg`` in its ``out_dir``; ``None`` when none ran
     there (or it stopped before its summary). A finished run of other settings is refused."""
     out = Path(cfg.out_dir)
-    summary, saved = out / "summary.json", out / "refine_config.yaml"
-    if not summary.is_file():
+    summary = read_refine_summary(out)
+    if summary is None:
         return None
+    saved = out / "refine_config.yaml"
     if not saved.is_file() or to_dict(load_config(type(cfg), saved)) != to_dict(cfg):
         raise ConfigError(f"{out} holds a finished run with other settings than this stage's; "
                           f"choose another out_dir or remove it")
-    return json.loads(summary.read_text())
+    return summary
 
 
 def train(cfg: residual_ppo.ResidualPPOConfig, method: str = "residual-ppo", log: Callable[[str], None] = print) -> dict:
@@ -81,7 +81,7 @@ def train(cfg: residual_ppo.ResidualPPOConfig, method: str = "residual-ppo", log
     ``method`` (``residual-ppo`` or ``ppo``) heads each stage's saved config."""
     configs = stage_configs(cfg)
     root = Path(cfg.out_dir)
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     chain = Curve(root, "curve")
     summaries, offset = [], 0
     for k, stage in enumerate(configs, start=1):
@@ -107,5 +107,5 @@ def train(cfg: residual_ppo.ResidualPPOConfig, method: str = "residual-ppo", log
               "steps_to_80": chain.steps_to(0.8), "seconds": time.perf_counter() - t0,
               "checkpoint": summaries[-1]["checkpoint"], "stages": summaries,
               "curve_csv": str(root / "curve.csv"), "curve_png": str(root / "curve.png")}
-    atomic_write_text(root / "summary.json", json.dumps(result, indent=1))
+    write_refine_summary(cfg, result, started)
     return result

@@ -602,12 +602,7 @@ class ArmPickPlaceEnv(ArmEnv):
     it ``1 - tanh(10 * xy distance)``, counted only while the cube is held or already inside the
     bowl — then subtracts 1 (so every step before success costs, and finishing early never does)
     and adds 1 on success. Staged rewards a grasp that holds over one that only comes close.
-    "progress" pays the change of staged's average of terms since the step before (or the reset),
-    plus the same 1 on success: a shaping of staged by its own potential, whose per-step
-    value no longer carries the level the state was already at, only what the step changed.
-    ``reach_sharpness`` (1/m, default 10) is the reaching term's ``10``: a larger one pays more for
-    the last millimetres, where a grasp deep around the cube and one on its edge differ.
-    ``align_weight`` (default 0: off) adds to staged's (and progress') terms one more, of that
+    ``align_weight`` (default 0: off) adds to staged's terms one more, of that
     weight in the average: the tool point over the goal cube's centre, ``1 - tanh(100 * xy
     distance)`` while the cube is on the table and 1 once it is lifted (so lifting never costs).
     The 3-D reaching term is dominated by height on the descent, where the grasp's centring is
@@ -622,17 +617,14 @@ class ArmPickPlaceEnv(ArmEnv):
     )
 
     def __init__(self, num_cubes: int = 3, num_bowls: int = 3, split: str = "train", reward: str = "dense",
-                 reach_sharpness: float = REACH_SHARPNESS, align_weight: float = 0.0, **kwargs) -> None:
+                 align_weight: float = 0.0, **kwargs) -> None:
         self.num_cubes = _check_int("num_cubes", num_cubes, 1, 4)
         self.num_targets = _check_int("num_bowls", num_bowls, 1, 3)
         self.split = check_choice("split", split, ("train", "test", "all"))
-        self.reward_mode = check_choice("reward", reward, ("dense", "staged", "progress"))
-        self._potential = 0.0  # progress: the staged terms' average after the last step (or the reset)
-        self.reach_sharpness = _check_number("reach_sharpness (1/m)", reach_sharpness, 0.0, lo_allowed=False)
+        self.reward_mode = check_choice("reward", reward, ("dense", "staged"))
         self.align_weight = _check_number("align_weight", align_weight, 0.0, lo_allowed=True)
-        if self.reward_mode == "dense" and (self.reach_sharpness != REACH_SHARPNESS or self.align_weight):
-            raise ValueError("reach_sharpness and align_weight shape the staged and progress rewards; "
-                             "reward='dense' has no such terms")
+        if self.reward_mode == "dense" and self.align_weight:
+            raise ValueError("align_weight shapes the staged reward; reward='dense' has no such terms")
         super().__init__(**kwargs)
 
     def _sample_colors(self, rng) -> None:
@@ -754,22 +746,16 @@ class ArmPickPlaceEnv(ArmEnv):
         success = dist < so101.BOWL_RADIUS - 0.012 and cube[2] < so101.CUBE_HALF + 0.006 and released
         reach = _dist(d.site_xpos[self._tcp], cube)
         bonus = 1.0 if success else 0.0
-        if self.reward_mode in ("staged", "progress"):
+        if self.reward_mode == "staged":
             lifted = cube[2] > so101.CUBE_HALF + 0.0075
             held = lifted and reach < 0.02
             place = 1.0 - math.tanh(10.0 * dist) if (held or dist < so101.BOWL_RADIUS) else 0.0
-            terms = 1.0 - math.tanh(self.reach_sharpness * reach) + float(held) + place
+            terms = 1.0 - math.tanh(REACH_SHARPNESS * reach) + float(held) + place
             if self.align_weight:
                 tcp = d.site_xpos[self._tcp]
                 align = 1.0 if lifted else 1.0 - math.tanh(100.0 * _dist(tcp[:2], cube[:2]))
                 terms += self.align_weight * align
-            staged = terms / (3.0 + self.align_weight)
-            if self.reward_mode == "staged":
-                return success, staged - 1.0 + bonus, dist
-            # progress: reset (and pose, which needs a reset before stepping) evaluate at step 0
-            change = 0.0 if self._steps == 0 else staged - self._potential
-            self._potential = staged
-            return success, change + bonus, dist
+            return success, terms / (3.0 + self.align_weight) - 1.0 + bonus, dist
         # dense reward: reach the cube, bring it over the bowl (horizontal distance only, so lifting it
         # over the bowl's wall costs nothing), and the success bonus for letting go inside
         return success, -reach - 2.0 * dist + bonus, dist
