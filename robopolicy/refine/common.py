@@ -1,4 +1,5 @@
-"""Pieces shared by the refinement loops: rollout envs, reward scale, GAE, evaluation, curves.
+"""Pieces shared by the refinement loops: rollout envs, evaluation, curves (the RL pieces, PPO
+and GAE, are in :mod:`robopolicy.rl`).
 
 Rollout envs are ``gymnasium`` vector envs of task envs (:func:`robopolicy.eval.envs.make_task_envs`:
 the task wrapped in ``sim_envs.wrappers``' reward mode, privileged state and oracle labels), with
@@ -9,12 +10,10 @@ Evaluations run robopolicy eval's loop (:func:`robopolicy.eval.episodes.evaluate
 from __future__ import annotations
 
 import csv
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 
 from robopolicy.envs import EnvConfig  # noqa: F401
 # rollout envs and evaluation live in robopolicy.eval (the task wrappers in sim_envs.wrappers);
@@ -38,79 +37,6 @@ class RefineRunOptions:
     threads: int = 1
     out_dir: str = "outputs/refine/run"
     progress: bool = True
-
-
-class RewardScaler:
-    """Divide rewards by the running std of the discounted return (per env), then clip (ResiP)."""
-
-    def __init__(self, num_envs: int, gamma: float, clip: float = 5.0):
-        self.gamma, self.clip = gamma, clip
-        self.ret = np.zeros(num_envs)
-        self.count, self.mean, self.m2 = 1e-4, 0.0, 0.0
-
-    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
-        self.ret = self.ret * self.gamma + reward
-        for x in self.ret:  # Welford over every env's running return
-            self.count += 1
-            delta = x - self.mean
-            self.mean += delta / self.count
-            self.m2 += delta * (x - self.mean)
-        self.ret[done] = 0.0
-        std = math.sqrt(self.m2 / self.count) if self.count > 1 else 1.0
-        return np.clip(reward / max(std, 1e-8), -self.clip, self.clip)
-
-
-def gae(rewards, values, dones, last_value, gamma: float, lam: float, decisions=None):
-    """Generalized advantage estimation over a ``(T, N)`` rollout.
-
-    ``dones[t]``: the episode ended with step t (its ``values[t+1]`` belongs to the next episode).
-    ``decisions`` ``(T, N)`` (optional, 1 where the policy decided): a decision's action ran until
-    the next decision, so the transition is semi-MDP — its reward is the discounted sum of the
-    steps up to the next decision (or the episode's end) and the next value is discounted by γ^k.
-    Only decision steps get an advantage (0 elsewhere). Without ``decisions`` every step is one,
-    which is ordinary GAE. Returns ``(advantages, returns)``, both ``(T, N)`` tensors.
-    """
-    import torch
-
-    T = rewards.shape[0]
-    adv = torch.zeros_like(rewards)
-    dec = torch.ones_like(rewards) if decisions is None else decisions.to(rewards.dtype)
-    reward_sum = torch.zeros_like(rewards[0])  # from step t to the next decision, discounted to t
-    discount = torch.ones_like(rewards[0])  # γ^k to the next decision (0 once an episode ended)
-    trace = torch.ones_like(rewards[0])  # λ^k: λ keeps its per-step meaning whatever the decision rate
-    next_value, next_adv = last_value, torch.zeros_like(rewards[0])
-    for t in reversed(range(T)):
-        alive = 1.0 - dones[t]
-        reward_sum = rewards[t] + gamma * alive * reward_sum
-        discount = gamma * alive * discount
-        trace = lam * trace
-        delta = reward_sum + discount * next_value - values[t]
-        a = delta + trace * discount * next_adv
-        d = dec[t]
-        adv[t] = d * a
-        next_value = d * values[t] + (1 - d) * next_value
-        next_adv = d * a + (1 - d) * next_adv
-        reward_sum = (1 - d) * reward_sum
-        discount = d + (1 - d) * discount
-        trace = d + (1 - d) * trace
-    return adv, (adv + values) * dec
-
-
-def ppo_loss(new_logp, old_logp, adv, clip: float, dual_clip: float | None = None):
-    """Clipped surrogate (to minimise) and the approximate KL(old || new).
-
-    ``dual_clip`` (c > 1, dual-clip PPO): where the advantage is negative the surrogate is
-    bounded below by ``c * adv``, so a sample whose ratio has grown far past the clip range (the
-    policy moved by another loss term, or its log-probability is stale) gives no gradient,
-    instead of one that grows with the ratio."""
-    import torch
-
-    ratio = (new_logp - old_logp).exp()
-    surrogate = torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
-    if dual_clip is not None:
-        surrogate = torch.where(adv < 0, torch.max(surrogate, dual_clip * adv), surrogate)
-    approx_kl = ((ratio - 1) - (new_logp - old_logp)).mean()
-    return -surrogate.mean(), approx_kl
 
 
 def save_run_config(method: str, cfg) -> Path:
