@@ -9,7 +9,7 @@ One pooled sentence vector barely tells roles apart: "put the purple cube in the
 contextual token embeddings at the two colour words differ (cosine 0.57 and 0.58). Policies whose
 instructions bind attributes to objects use the token sequence (``tokens: true``).
 
-The model is loaded offline (``HF_HUB_OFFLINE=1``) from the package's own files, lazily on the
+The model is loaded from the package's own files (a local path, ``local_files_only``), lazily on the
 first call, and every distinct instruction is embedded once (a dict cache). It is deliberately
 not an ``nn.Module`` child of the policy: its weights belong to the package, not to our
 checkpoints; the checkpoint records the model name and embedding size and fails loudly if they
@@ -18,8 +18,8 @@ differ.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -48,6 +48,18 @@ class LanguageConfig:
             raise ValueError(f"language.max_tokens must be >= 2, got {self.max_tokens}")
 
 
+def _load_packaged(pkg) -> object:
+    """The package's sentence model from its own directory, never from the hub (``local_files_only``)."""
+    model_dir = getattr(pkg, "MODEL_DIR", None)
+    if model_dir is None:
+        return pkg.load_model(device="cpu")
+    from sentence_transformers import SentenceTransformer
+
+    if not Path(model_dir).is_dir():
+        raise LanguageError(f"{pkg.__name__}: the packaged model files are missing ({model_dir}); reinstall it")
+    return SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+
+
 class LanguageEncoder:
     """Frozen sentence embeddings with a per-instruction cache; ``embed`` → ``(B, dim)``."""
 
@@ -63,8 +75,6 @@ class LanguageEncoder:
     def _load(self):
         if self.cfg.model in _LOADED:
             return _LOADED[self.cfg.model]
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         try:
             import importlib
 
@@ -72,7 +82,7 @@ class LanguageEncoder:
         except ImportError:
             raise LanguageError(f"language model package {self.cfg.model!r} is not installed "
                                 f"(pip install {self.cfg.model}), or set model.language.enabled=false") from None
-        model = pkg.load_model(device="cpu")
+        model = _load_packaged(pkg)
         model.eval()
         get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         dim = int(get_dim())
