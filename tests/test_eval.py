@@ -319,6 +319,13 @@ def test_cli_evaluates_a_saved_policy_and_names_bad_checkpoints(tmp_path, capsys
     assert "model.safetensors" in err and "truncated or corrupt" in err
 
 
+def test_cli_without_env_names_the_setting_when_the_checkpoint_records_no_task(tmp_path):
+    ckpt = tiny_policy().save(tmp_path / "run" / "final")  # no train_config.yaml beside it
+    args = eval_parser().parse_args(["eval", "--checkpoint", str(ckpt), "--episodes", "1", "--no-progress"])
+    with pytest.raises(ConfigError, match="no env to evaluate .* give --env ID"):
+        args.func(args)
+
+
 def test_real_policy_context_is_fed_every_step_and_wrong_env_is_named(tmp_path):
     policy = tiny_policy()
     pushes = {"predict": 0, "observe": 0}

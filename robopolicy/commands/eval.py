@@ -152,9 +152,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 1
     if not _env_given(args):
         env = checkpoint_env(cfg.checkpoint)
-        if env is not None:
-            cfg.env.id = env["id"]
-            cfg.env.kwargs = {**env.get("kwargs", {}), **cfg.env.kwargs}
+        if env is None:
+            raise ConfigError(f"no env to evaluate {cfg.checkpoint} in: its training run records none; give --env ID "
+                              f"(a registered id such as robopolicy/ArmPickPlace-v0, or module:EnvId) or env.id in "
+                              f"the --config file")
+        cfg.env.id = env["id"]
+        cfg.env.kwargs = {**env.get("kwargs", {}), **cfg.env.kwargs}
     report = evaluate(policy, cfg)
     print()
     print(report.table())
