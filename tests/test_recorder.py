@@ -218,14 +218,14 @@ CHILD = textwrap.dedent(
     features = T.make_features()
     rec = R.EpisodeRecorder(root, features, fps=T.FPS, resume=True) if R.Path(root, "meta/info.json").exists() \\
         else R.EpisodeRecorder(root, features, fps=T.FPS)
-    if mode == "commit":
-        real = R.atomic_write_json
-        def slow(path, data):
-            if str(path).endswith("info.json") and data["total_episodes"] == 3:
-                print("MID-COMMIT", flush=True)   # data, video, episode row and stats already published
+    committing = [None]
+    if mode.startswith("commit:"):
+        step = mode.split(":", 1)[1]
+        def hook(name):
+            if name == step and committing[0] == 2:
+                print("MID-COMMIT", flush=True)
                 time.sleep(60)
-            return real(path, data)
-        R.atomic_write_json = slow
+        R._commit_step = hook
     for ep in range(rec.num_episodes, 10):
         rec.start_episode(seed=ep)
         for i in range(12):
@@ -235,6 +235,7 @@ CHILD = textwrap.dedent(
                 time.sleep(0.05)
         if mode == "episode" and ep == 2:
             time.sleep(60)
+        committing[0] = ep
         rec.save_episode()
         print(f"COMMITTED {{ep}}", flush=True)
     """
@@ -263,31 +264,46 @@ def run_and_kill(root: Path, mode: str, marker: str) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("mode,marker", [("episode", "FRAME 2 11"), ("commit", "MID-COMMIT")])
+COMMIT_STEPS = ("staged", "meta_built", "videos", "data", "exchanged", "cleaned")
+
+
+def check_committed_view(ds, committed: int) -> None:
+    """What lerobot shows is exactly ``committed`` whole episodes: totals, episode rows, length,
+    tasks, stats and every episode's first and last frame."""
+    assert ds.meta.total_episodes == committed and ds.num_episodes == committed
+    assert len(ds.meta.episodes) == committed, f"{len(ds.meta.episodes)} episode rows for {committed} episodes"
+    assert len(ds) == 12 * committed and ds.meta.total_frames == 12 * committed
+    assert ds.meta.stats["index"]["count"][0] == 12 * committed
+    assert sorted(ds.meta.tasks.index) == sorted({f"task {ep % 2}" for ep in range(committed)})
+    for ep in range(committed):
+        check_episode(ds, ep)
+
+
+@pytest.mark.parametrize("mode,marker", [("episode", "FRAME 2 11")] + [(f"commit:{s}", "MID-COMMIT") for s in COMMIT_STEPS])
 def test_kill_9_loses_only_the_episode_in_flight(tmp_path, mode, marker):
+    """Killed while recording episode 2, or after any step of its commit: a reader (lerobot's
+    LeRobotDataset) sees 2 whole episodes before the commit point and 3 after it, never a mix."""
     root = tmp_path / "ds"
     lines = run_and_kill(root, mode, marker)
     assert "COMMITTED 1" in lines and "COMMITTED 2" not in lines
-    if mode == "commit":  # episode 2's files are already in place, info.json is not
-        assert (root / "data/chunk-000/file-002.parquet").exists()
-    assert (root / ".staging").exists() or mode == "commit"
+    step = mode.split(":")[1] if mode.startswith("commit:") else None
+    committed = 3 if step in ("exchanged", "cleaned") else 2
+    if step in ("data", "exchanged"):  # episode 2's data file is in place, and so is the build
+        assert (root / "data/chunk-000/file-002.parquet").exists() and (root / R.NEXT_META).exists()
 
-    # lerobot loads the dataset as it was left: exactly the two committed episodes, intact
     ds = load_lerobot(root)
-    assert ds.meta.total_episodes == 2 and len(ds) == 24
-    check_episode(ds, 0)
-    check_episode(ds, 1)
+    check_committed_view(ds, committed)
     del ds
 
-    # resume cleans the leftovers and continues with episode 2
+    # resume cleans the leftovers and continues after the committed episodes
     features = make_features()
     rec = R.EpisodeRecorder(root, features, fps=FPS, resume=True)
-    assert rec.recovery.episodes == 2 and rec.recovery.removed
-    assert record(rec, features, 2).episode_index == 2
+    assert rec.recovery.episodes == committed and (rec.recovery.removed or step == "cleaned")
+    assert not (root / R.NEXT_META).exists() and not (root / R.STAGING_DIR).exists()
+    for ep in range(committed, 4):
+        assert record(rec, features, ep).episode_index == ep
     rec.close()
     ds = load_lerobot(root)
-    assert ds.meta.total_episodes == 3 and len(ds) == 36
-    for ep in range(3):
-        check_episode(ds, ep)
+    check_committed_view(ds, 4)
     stats = json.loads((root / "meta/stats.json").read_text())
-    assert stats["observation.state"]["max"][0] == 2011 and stats["index"]["count"] == [36]
+    assert stats["observation.state"]["max"][0] == 3011 and stats["index"]["count"] == [48]

@@ -8,24 +8,31 @@ write into the dataset itself:
 1. **Stage.** Each episode is written by lerobot's own classes (``LeRobotDataset.create``,
    ``add_frame``, ``save_episode``, ``finalize``) into a fresh one-episode dataset under
    ``<root>/.staging/``. A crash here leaves only a staging directory behind.
-2. **Publish.** The committer renumbers the staged episode (``index``, ``episode_index``,
-   ``task_index``, file indices) and moves its files into the dataset under *new* file names
-   (``data/…/file-NNN.parquet``, ``videos/<cam>/…/file-NNN.mp4``,
-   ``meta/episodes/…/file-NNN.parquet``): every file is written to a hidden ``.tmp`` name,
-   fsynced, then renamed. Nothing committed is ever rewritten, only ``meta/tasks.parquet``,
-   ``meta/stats.json`` and ``meta/info.json``, each replaced atomically.
-3. **Commit point.** ``meta/info.json`` is replaced last. Its ``total_episodes`` /
-   ``total_frames`` decide what the dataset holds. Before that rename a reader sees the
-   previous dataset plus, at most, rows past ``total_frames`` in a new data file, which
-   lerobot's ``LeRobotDataset`` ignores (its length and episode list come from info.json); after
-   it, the whole episode.
-4. **Recover.** Opening a dataset to resume (:func:`recover`) deletes files of any episode past
-   ``total_episodes`` (a commit interrupted before its info.json rename), staging leftovers and
-   ``.tmp`` files, and rebuilds ``stats.json`` from the committed episodes.
+2. **Build.** The committer renumbers the staged episode (``index``, ``episode_index``,
+   ``task_index``, file indices) and builds the next ``meta/`` beside the dataset, in
+   ``<root>/.meta.next/``: hard links to every committed metadata file, plus the new episode row
+   (``meta/episodes/…/file-NNN.parquet``), ``tasks.parquet``, ``stats.json`` and ``info.json``
+   written fresh and fsynced. Nothing a reader opens has changed yet.
+3. **Publish the episode's files** under *new* names (``videos/<cam>/…/file-NNN.mp4``, then
+   ``data/…/file-NNN.parquet``), each written to a hidden ``.tmp`` name, fsynced and renamed.
+   No committed episode row points at them. lerobot's ``LeRobotDataset`` takes its length, its
+   episode list, tasks and stats from ``meta/``, so it shows exactly the committed episodes; the
+   only trace is the new data file's rows past ``len(ds)``, which lerobot's ``__getitem__`` does
+   not bounds-check (an index past the end returns such a row instead of raising). No index
+   inside the dataset, no episode, count, task or statistic shows the uncommitted episode.
+4. **Commit point.** One ``renameat2(RENAME_EXCHANGE)`` swaps ``.meta.next`` and ``meta``: the
+   episode row, tasks, stats and totals appear together, never one without the others. (Where
+   the filesystem cannot exchange directories, the files are moved in, info.json last.) The old
+   metadata, now in ``.meta.next``, is deleted.
+5. **Recover.** Opening a dataset to resume (:func:`recover`) deletes ``.meta.next``, data and
+   video files that no committed episode references, staging leftovers and ``.tmp`` files,
+   rows past ``total_episodes`` (left by the older, file-by-file protocol) and rebuilds
+   ``stats.json`` from the committed episodes.
 
 A ``kill -9`` therefore loses at most the episode being recorded or committed; everything
 before it stays loadable by lerobot's ``LeRobotDataset`` and ``--resume`` continues after it.
-``tests/test_recorder.py`` kills a recording process mid-episode and mid-commit to check this.
+``tests/test_recorder.py`` kills a recording process mid-episode and after every step of a
+commit, and loads the dataset with lerobot each time, to check this.
 
 Timing: see :mod:`robopolicy.data.features` — ``timestamp`` is the frame's slot
 (``frame_index / fps``, what lerobot needs to find the frame in the MP4); the real wall-clock
@@ -328,6 +335,83 @@ def _conform(row: pa.Table, schema: pa.Schema | None) -> pa.Table:
     return row.cast(schema)
 
 
+NEXT_META = ".meta.next"
+RENAME_EXCHANGE = 2  # linux renameat2 flag
+
+
+def _commit_step(name: str) -> None:
+    """Called after each step of a commit (tests kill the process here)."""
+
+
+def _renameat2_exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise DatasetError(f"{b}: could not publish the new metadata ({os.strerror(err)}); the dataset is unchanged")
+
+
+def _build_next_meta(root: Path, write: Mapping[str, Any]) -> Path:
+    """``<root>/.meta.next``: a copy of ``meta/`` (hard links) with the files of ``write``
+    (``"meta/..."`` path → ``fn(path)``) written fresh, every file and directory fsynced."""
+    nxt = root / NEXT_META
+    if nxt.exists():
+        shutil.rmtree(nxt)
+    meta = root / "meta"
+    fresh = {Path(k).relative_to("meta") for k in write}
+    for src in sorted(meta.rglob("*")):
+        rel = src.relative_to(meta)
+        if src.is_dir() or rel in fresh or src.name.endswith(".tmp"):
+            continue
+        dst = nxt / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    try:
+        for rel_str, fn in write.items():
+            dst = nxt / Path(rel_str).relative_to("meta")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            fn(dst)
+            with open(dst, "rb") as fh:
+                os.fsync(fh.fileno())
+        for d in sorted({p.parent for p in nxt.rglob("*")} | {nxt}, key=lambda p: -len(p.parts)):
+            fsync_dir(d)
+    except OSError as exc:
+        shutil.rmtree(nxt, ignore_errors=True)
+        why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise DatasetError(f"{nxt}: could not write ({why}); the dataset on disk is unchanged") from exc
+    return nxt
+
+
+def _publish_meta(root: Path, nxt: Path) -> None:
+    """Swap ``nxt`` in as ``meta/`` in one rename; ``nxt`` then holds the previous metadata.
+
+    Where the filesystem cannot exchange two directories, the files are moved in the order
+    episode rows, tasks, stats, info.json (info.json last: lerobot's totals change with it)."""
+    meta = root / "meta"
+    if _renameat2_exchange(nxt, meta):
+        fsync_dir(root)
+        return
+    files = sorted((p for p in nxt.rglob("*") if p.is_file()),
+                   key=lambda p: (p.name == "info.json", p.name == "stats.json", p.name == "tasks.parquet"))
+    for src in files:
+        dst = meta / src.relative_to(nxt)
+        if dst.exists() and os.path.samefile(src, dst):
+            continue
+        atomic_move(src, dst)
+
+
 def commit_staged(root: str | Path, staged: str | Path) -> int:
     """Publish a finalized one-episode staging dataset into ``root``; returns its episode index.
 
@@ -410,25 +494,6 @@ def commit_staged(root: str | Path, staged: str | Path) -> int:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise DatasetError(f"staged episode {staged}: episode metadata does not fit {root}'s: {exc}") from None
 
-        # Publish files (invisible to lerobot's totals until info.json changes).
-        for key in video_keys:
-            src = staged / s_info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
-            dst = root / info["video_path"].format(video_key=key, chunk_index=video_files[key][0],
-                                                   file_index=video_files[key][1])
-            if not src.is_file():
-                raise DatasetError(f"staged episode {staged}: video {src} missing")
-            atomic_move(src, dst)
-        atomic_write_table(root / info["data_path"].format(chunk_index=data_file[0], file_index=data_file[1]), data)
-        from lerobot.datasets.utils import DEFAULT_EPISODES_PATH
-
-        atomic_write_table(root / DEFAULT_EPISODES_PATH.format(chunk_index=meta_file[0], file_index=meta_file[1]), row)
-        with atomic_path(tasks_path) as tmp:
-            new_tasks.to_parquet(tmp)
-        old_stats = _load_stats_json(root / STATS_PATH) if ep_index > 0 else None
-        stats = aggregate_stats([old_stats, ep_stats]) if old_stats else ep_stats
-        atomic_write_json(root / STATS_PATH, _jsonable(stats))
-
-        # Commit point.
         new_info = dict(info)
         for key in video_keys:
             if not info["features"][key].get("info") and s_info["features"][key].get("info"):
@@ -438,7 +503,39 @@ def commit_staged(root: str | Path, staged: str | Path) -> int:
         new_info["total_frames"] = frame_offset + n
         new_info["total_tasks"] = len(names)
         new_info["splits"] = {"train": f"0:{ep_index + 1}"}
-        atomic_write_json(root / INFO_PATH, _jsonable(new_info))
+        old_stats = _load_stats_json(root / STATS_PATH) if ep_index > 0 else None
+        stats = aggregate_stats([old_stats, ep_stats]) if old_stats else ep_stats
+        from lerobot.datasets.utils import DEFAULT_EPISODES_PATH
+
+        episodes_rel = DEFAULT_EPISODES_PATH.format(chunk_index=meta_file[0], file_index=meta_file[1])
+
+        # The next meta/ directory, built aside: everything lerobot reads about episodes.
+        _commit_step("staged")
+        nxt = _build_next_meta(root, {
+            episodes_rel: lambda p: pq.write_table(row, p, compression="snappy"),
+            TASKS_PATH: lambda p: new_tasks.to_parquet(p),
+            STATS_PATH: lambda p: p.write_text(json.dumps(_jsonable(stats), indent=4, ensure_ascii=False)),
+            INFO_PATH: lambda p: p.write_text(json.dumps(_jsonable(new_info), indent=4, ensure_ascii=False)),
+        })
+        _commit_step("meta_built")
+
+        # Episode files: referenced by no committed row, so invisible (see the module docstring).
+        for key in video_keys:
+            src = staged / s_info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
+            dst = root / info["video_path"].format(video_key=key, chunk_index=video_files[key][0],
+                                                   file_index=video_files[key][1])
+            if not src.is_file():
+                raise DatasetError(f"staged episode {staged}: video {src} missing")
+            atomic_move(src, dst)
+        _commit_step("videos")
+        atomic_write_table(root / info["data_path"].format(chunk_index=data_file[0], file_index=data_file[1]), data)
+        _commit_step("data")
+
+        # Commit point: one rename publishes the episode row, tasks, stats and info.json together.
+        _publish_meta(root, nxt)
+        _commit_step("exchanged")
+        shutil.rmtree(nxt, ignore_errors=True)  # the previous meta/
+        _commit_step("cleaned")
     shutil.rmtree(staged, ignore_errors=True)
     return ep_index
 
@@ -472,6 +569,10 @@ def recover(root: str | Path) -> RecoveryReport:
         if staging.exists():
             shutil.rmtree(staging)
             removed.append(str(staging))
+        nxt = root / NEXT_META  # metadata built for a commit that never published, or the one it replaced
+        if nxt.exists():
+            shutil.rmtree(nxt)
+            removed.append(str(nxt))
         for tmp in root.rglob(".*.tmp"):
             tmp.unlink()
             removed.append(str(tmp))
