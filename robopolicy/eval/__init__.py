@@ -1,9 +1,12 @@
 """Policy evaluation in simulation (``robopolicy eval``).
 
 - :mod:`~robopolicy.eval.config`: ``EvalConfig`` (env, splits, seeds, chunk execution, env mapping)
-- :mod:`~robopolicy.eval.envs`: the wrapped env each worker runs (no torch)
-- :mod:`~robopolicy.eval.chunking`: chunk execution and temporal ensembling
-- :mod:`~robopolicy.eval.policy_runner`: batching observations for ``Policy.predict``
+- :mod:`~robopolicy.eval.envs`: the wrapped env each worker runs (no torch) and the one vector-env
+  factory, also refinement's (task envs with ``sim_envs.wrappers``)
+- :mod:`~robopolicy.eval.episodes`: the one evaluation loop (``run_episodes``; refinement's
+  ``evaluate_success``)
+- :mod:`~robopolicy.eval.policy_runner`: batching observations for ``Policy.predict``; ``PolicyActor``
+  runs a policy's chunks through the chunk executor (:mod:`hardware.control.chunking`)
 - :mod:`~robopolicy.eval.rollout`: ``evaluate(policy, cfg) -> EvalReport``
 - :mod:`~robopolicy.eval.report`: per-split summaries, JSON, markdown table
 
