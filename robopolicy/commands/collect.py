@@ -16,7 +16,7 @@ from robopolicy.data.collect import CollectConfig, collect
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collect", help="record oracle episodes into a LeRobot dataset (parallel, resumable)")
-    p.add_argument("--env", help="task id, e.g. robopolicy/PersonFollow-v0")
+    p.add_argument("--env", help="task id, e.g. robopolicy/PersonFollow-v0, or module:EnvId (the module is imported)")
     p.add_argument("--split", help="PersonFollow split: stt, dt or at")
     p.add_argument("--episodes", type=int, help="episodes wanted in the dataset")
     p.add_argument("--workers", type=int, help="oracle processes")

@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", help="policy checkpoint to refine (the frozen base of residual-ppo / residual-td3, "
                    "the policy DAgger trains on) or the teacher (rpd); sets the config's 'base'")
     p.add_argument("--base", help=argparse.SUPPRESS)  # the old name of --checkpoint
-    p.add_argument("--env", help="env id, e.g. robopolicy/ArmPickPlace-v0")
+    p.add_argument("--env", help="env id, e.g. robopolicy/ArmPickPlace-v0, or module:EnvId (the module is imported)")
     p.add_argument("--split", help="PersonFollow split (stt, dt, at)")
     p.add_argument("--out", help="output directory")
     p.add_argument("--config", help="YAML config of the method")

@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_list)
 
     p = simsub.add_parser("view", help="render one oracle episode (egocentric + top-down) to mp4")
-    p.add_argument("env_id", nargs="?", help="task id, e.g. robopolicy/PersonFollow-v0")
+    p.add_argument("env_id", nargs="?", help="task id, e.g. robopolicy/PersonFollow-v0, or module:EnvId")
     p.add_argument("--split", help="PersonFollow split: stt, dt or at")
     p.add_argument("--seed", type=int)
     p.add_argument("--noise", type=float, help="DART noise on the oracle's executed actions")
