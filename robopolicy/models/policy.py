@@ -539,7 +539,7 @@ class Policy(nn.Module):
 
     def locate(self, obs: Mapping[str, Any]) -> torch.Tensor:
         """Observation batch → the ``locate`` head's estimate ``(B, locate_dim)`` in label units
-        (``label.goal_pos``: the named cube's and bowl's xyz, metres), CPU float32. Like
+        (those of ``model.locate_label``), CPU float32. Like
         :meth:`predict`, it pushes the frame into the temporal context."""
         if "locate" not in self.aux:
             raise PolicyError("this policy has no locate head (model.aux_heads: [locate])")

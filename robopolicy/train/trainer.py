@@ -7,10 +7,10 @@ Recipe = a dataset (any LeRobot v3.0 dataset; ``data.features`` maps its keys to
 config, loss weights and an optional ``init_from`` (the previous stage's checkpoint). Losses:
 
 - ``action``: the head's imitation loss (L1 waypoints / L1 chunk / flow matching).
-- ``align``: stage 1, InfoNCE between the target's image region and the instruction.
-- ``ground_box``, ``ground_visible``: stage 2, where the instructed person is and whether visible.
-- ``ground_free_run``: stage 2 (optional), how far ahead the robot can drive (``label.free_run``).
-- ``locate``: auxiliary, where the named objects are (``label.goal_pos`` of the arm tasks).
+- the losses of the auxiliary heads in ``model.aux_heads`` (``align``, ``ground_box``,
+  ``ground_visible``, ``ground_free_run``, ``locate``). Each head declares its losses and the
+  dataset labels they read (:mod:`robopolicy.models.aux_heads`); the trainer loads the labels of
+  the losses whose weight is not 0, and names the weight when the dataset lacks one.
 
 Loop: AdamW (no decay on norms, biases and embeddings), linear warm-up then cosine decay, gradient
 clipping, optional EMA of the weights (the saved policies then hold the EMA weights), bf16
@@ -109,16 +109,20 @@ class AugmentConfig:
 
 @dataclass
 class LossWeights:
-    """Weight of each loss; 0 switches it off (and its labels are not loaded)."""
+    """Weight of each loss; 0 switches it off (and its labels are not loaded). Every loss but
+    ``action`` belongs to an auxiliary head, which must be in ``model.aux_heads``."""
 
     action: float = 1.0
     align: float = 0.0
+    """Stage 1 alignment (head ``align``)."""
     ground_box: float = 0.0
+    """Stage 2 grounding: where the instructed person is (head ``ground``)."""
     ground_visible: float = 0.0
+    """Stage 2 grounding: whether the instructed person is in view (head ``ground``)."""
     ground_free_run: float = 0.0
-    """Spatial grounding: regress ``label.free_run`` (model.aux_heads: [free_run])."""
+    """Spatial grounding: how far ahead the robot can drive (head ``free_run``)."""
     locate: float = 0.0
-    """Auxiliary: regress ``label.goal_pos`` (where the named objects are; model.aux_heads: [locate])."""
+    """Where the named objects are: regress ``model.locate_label`` (head ``locate``)."""
 
 
 @dataclass
