@@ -26,7 +26,8 @@ T = TypeVar("T")
 
 RENAMED_KEYS = {"out_dir": "out"}
 """Old key → its one name across every command. A config class that has the new field accepts
-the old key with a warning (both at once is an error)."""
+the old key with a warning (both at once is an error); one that still has the old field accepts
+the new key as well, so users write the one name everywhere."""
 
 
 class ConfigError(ValueError):
@@ -159,6 +160,10 @@ def _renamed_keys(data: Mapping[str, Any], fields: Mapping[str, Any], source: st
     """``data`` with renamed keys (:data:`RENAMED_KEYS`) under their new name, each one warned about."""
     out = None
     for old, new in RENAMED_KEYS.items():
+        if new in data and new not in fields and old in fields and old not in data:
+            out = dict(data if out is None else out)  # a class not yet moved to the new name takes it too
+            out[old] = out.pop(new)
+            continue
         if old not in data or old in fields or new not in fields:
             continue
         if new in data:

@@ -148,6 +148,7 @@ def test_renamed_key_loads_with_a_warning_naming_the_new_key(tmp_path):
         out_dir: str = "o"
 
     assert current_key(Old, "out") == "out_dir"  # a class that still has the old field keeps it
+    assert load_config(Old, None, ["out=z"]).out_dir == "z"  # and takes the one name too
 
 
 def test_cli_takes_dashed_overrides_and_names_unknown_arguments(tmp_path, capsys):
