@@ -64,6 +64,20 @@ def checkpoint_type(directory: str | Path) -> str:
     return "policy"
 
 
+def read_typed_config(directory: str | Path, kind: str, legacy_file: str) -> tuple[Path, dict]:
+    """``(path, contents)`` of a ``kind`` checkpoint's config: ``config.yaml`` when it names
+    ``type: kind``, else the ``legacy_file`` such a checkpoint had before types were written."""
+    directory = Path(directory)
+    path = directory / CONFIG_FILE
+    meta = (load_yaml(path) or {}) if path.is_file() else {}
+    if meta.get("type") == kind:
+        return path, meta
+    path = directory / legacy_file
+    if not path.is_file():
+        raise PolicyError(f"{directory}: not a {kind} checkpoint ({CONFIG_FILE} names no type: {kind})")
+    return path, load_yaml(path) or {}
+
+
 def policy_class(kind: str) -> type:
     """The class registered for checkpoint type ``kind`` (imported now)."""
     if kind not in _LOADERS:

@@ -30,7 +30,6 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from robopolicy.config import load_yaml
 from robopolicy.data.features import ENV_STATE
 from robopolicy.models.policy import CONFIG_FILE, Policy, PolicyError
 from robopolicy.utils.files import atomic_directory
@@ -125,14 +124,10 @@ class ModularPolicy(nn.Module):
 
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "ModularPolicy":
+        from robopolicy.models.loading import read_typed_config
+
         directory = Path(directory)
-        meta_path = directory / CONFIG_FILE
-        meta = load_yaml(meta_path) if meta_path.is_file() else {}
-        if meta.get("type") != "modular":
-            meta_path = directory / MODULAR_CONFIG
-            if not meta_path.is_file():
-                raise PolicyError(f"{directory}: not a modular checkpoint ({CONFIG_FILE} names no type: modular)")
-            meta = load_yaml(meta_path)
+        meta_path, meta = read_typed_config(directory, "modular", MODULAR_CONFIG)
         if meta.get("format") != MODULAR_FORMAT:
             raise PolicyError(f"{meta_path}: unknown modular checkpoint format {meta.get('format')!r}")
         parts = {}

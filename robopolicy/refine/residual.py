@@ -44,9 +44,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from robopolicy.config import build, load_yaml, to_dict
+from robopolicy.config import build, to_dict
 from robopolicy.data.features import ENV_STATE
 from robopolicy.models.loading import load_policy as load_any_policy  # noqa: F401 - moved to robopolicy.models
+from robopolicy.models.loading import read_typed_config
 from robopolicy.models.policy import CONFIG_FILE, STATE, Policy, PolicyError
 from robopolicy.refine.adapters import TCP_ARMS, GripperSwitch, JointOffset, ToolPointOffset
 from robopolicy.rl import ActionDist, ActorCritic, RunningNorm
@@ -498,13 +499,7 @@ class ResidualPolicy(nn.Module):
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        meta_path = directory / RESIDUAL_CONFIG
-        meta = load_yaml(meta_path) if meta_path.is_file() else {}
-        if meta.get("type") != "residual":
-            meta_path = directory / LEGACY_RESIDUAL_CONFIG
-            if not meta_path.is_file():
-                raise PolicyError(f"{directory}: not a residual checkpoint ({RESIDUAL_CONFIG} names no type: residual)")
-            meta = load_yaml(meta_path)
+        meta_path, meta = read_typed_config(directory, "residual", LEGACY_RESIDUAL_CONFIG)
         config = build(ResidualConfig, meta.get("residual") or {}, source=str(meta_path), prefix="residual.")
         base = None
         if meta.get("base"):
