@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 80
 MAX_RESIDUAL_PPO_LINES = 250
-PACKAGES = ("robopolicy/refine", "robopolicy/rl", "robopolicy/train", "robopolicy/models")
+PACKAGES = ("robopolicy/refine", "robopolicy/rl", "robopolicy/train", "robopolicy/models", "robopolicy/eval")
 
 
 def long_functions(package: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
