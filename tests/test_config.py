@@ -1,4 +1,5 @@
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -192,3 +193,27 @@ def test_eval_output_is_unique_per_checkpoint(tmp_path):
     assert a != b and default_out("outputs/refine/arm/final") != a
     assert default_out("runs/x/checkpoints/step_000500").name.startswith("x-checkpoints-step_000500-")
     assert default_out("outputs/train/arm/final") == a  # stable
+
+
+def test_the_policy_checkpoint_is_checkpoint_in_every_command(tmp_path, capsys):
+    from robopolicy.cli import build_parser
+    from robopolicy.commands import refine, run
+
+    parser = build_parser()
+    args = parser.parse_args(["refine", "--method", "dagger", "--checkpoint", "ck", "--out", "o"])
+    assert refine._overrides(args)[0] == "base=ck" and refine._overrides(args)[1] in ("out=o", "out_dir=o")
+    args = parser.parse_args(["refine", "--method", "dagger", "--base", "ck"])  # the old name, still taken
+    assert refine._overrides(args)[0] == "base=ck" and "--base is deprecated" in capsys.readouterr().err
+    args = parser.parse_args(["refine", "--method", "dagger", "--base", "a", "--checkpoint", "b"])
+    with pytest.raises(ConfigError, match="keep --checkpoint"):
+        refine._overrides(args)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    robot = str(Path(__file__).resolve().parents[1] / "configs" / "robots" / "sim_arm.yaml")
+    args = parser.parse_args(["run", "--robot", robot, "--checkpoint", str(ckpt)])
+    assert run.load_run_config(args).policy == str(ckpt)
+    args = parser.parse_args(["run", "--robot", robot, "--policy", str(ckpt)])
+    assert run.load_run_config(args).policy == str(ckpt) and "use --checkpoint" in capsys.readouterr().err
+    args = parser.parse_args(["run", "--checkpoint", str(ckpt), "--policy", "hold"])
+    with pytest.raises(ConfigError, match="not both"):
+        run.load_run_config(args)
