@@ -48,3 +48,8 @@ def test_atomic_directory_replace_keep_and_create(tmp_path):
         (tmp / "x").write_text("y")
     assert (tmp_path / "made_by_writer" / "x").read_text() == "y"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "made_by_writer"]
+
+
+def test_durable_write_lands_whole(tmp_path):
+    path = atomic_write_text(tmp_path / "d" / "meta.json", "{}", durable=True)
+    assert path.read_text() == "{}" and [p.name for p in path.parent.iterdir()] == ["meta.json"]

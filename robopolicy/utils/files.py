@@ -35,33 +35,48 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a file's (or a directory's: its entries') contents to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextmanager
-def atomic_file(path: str | Path) -> Iterator[Path]:
+def atomic_file(path: str | Path, durable: bool = False) -> Iterator[Path]:
     """Yield a temp file path beside ``path`` (not created); on success it replaces ``path``.
 
     For writers that stream into a file of their own (a video container, a memmapped array,
-    a zarr store: a temp *directory* works too, as long as ``path`` does not exist yet)."""
+    a zarr store: a temp *directory* works too, as long as ``path`` does not exist yet).
+    ``durable``: fsync the file before the rename and the directory after it, so the new file
+    survives a power cut once the call returns (datasets being recorded)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_beside(path, "tmp")
     try:
         yield tmp
+        if durable and tmp.is_file():
+            fsync_path(tmp)
         os.replace(tmp, path)
+        if durable:
+            fsync_path(path.parent)
     finally:
         if tmp.exists():
             _remove(tmp)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+def atomic_write_bytes(path: str | Path, data: bytes, durable: bool = False) -> Path:
     """Write ``data`` to ``path`` atomically: a reader sees the old file or the whole new one."""
-    with atomic_file(path) as tmp:
+    with atomic_file(path, durable) as tmp:
         tmp.write_bytes(data)
     return Path(path)
 
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
+def atomic_write_text(path: str | Path, text: str, durable: bool = False) -> Path:
     """Write ``text`` to ``path`` atomically: a reader sees the old file or the whole new one."""
-    with atomic_file(path) as tmp:
+    with atomic_file(path, durable) as tmp:
         tmp.write_text(text)
     return Path(path)
 
