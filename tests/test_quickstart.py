@@ -16,7 +16,7 @@ TINY = [
     "collect.episodes=2", "collect.workers=1", "collect.image_size=32", "collect.progress=false",
     "collect.env.kwargs.max_steps=60",  # (shorter PersonFollow episodes crash in scenario.py for now)
     "train.steps=3", "train.batch_size=8", "train.log_every=1", "train.progress=false",
-    "train.model.encoders=[{name: resnet18, image_size: 32}]", "train.model.d_model=16", "train.model.n_layers=1",
+    "train.model.encoders=[{name: resnet18, image_size: 32, frozen: false}]", "train.model.d_model=16", "train.model.n_layers=1",
     "train.model.language.enabled=false",
     "eval.episodes=2", "eval.workers=1", "eval.videos=1", "eval.render_size=48", "eval.progress=false",
 ]

@@ -88,7 +88,7 @@ def config(dataset, caches, out, *overrides) -> TrainConfig:
     base = [
         f"data.dataset={dataset}", f"data.cache_dir={caches / 'training'}", f"data.feature_cache_dir={caches / 'features'}",
         f"out={out}", "progress=false", "threads=1", "seed=0",
-        "model.encoders=[{name: test_resnet, frozen: true, image_size: 64}]", "model.grid=2",
+        "model.encoders=[{name: efficientnet_lite0, weights: imagenet, frozen: true, image_size: 32}]", "model.grid=2",
         "model.context_strides=[0, 2]", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
         "model.head_layers=1", "model.language.enabled=false",
         "batch_size=16", "optim.lr=3e-3", "optim.warmup_steps=5", "log_every=5", "save_every=0",
@@ -290,7 +290,7 @@ def test_train_command(dataset, caches, tmp_path, capsys):
     train_cmd.add_parser(parser.add_subparsers())
     args = parser.parse_args(["train", "--no-progress", f"data.dataset={dataset}", f"data.cache_dir={caches / 'training'}",
                               f"data.feature_cache_dir={caches / 'features'}", f"out={tmp_path / 'cli'}", "steps=3",
-                              "model.encoders=[{name: test_resnet, image_size: 64}]", "model.grid=2",
+                              "model.encoders=[{name: efficientnet_lite0, weights: imagenet, image_size: 32}]", "model.grid=2",
                               "model.d_model=32", "model.n_layers=1", "model.language.enabled=false",
                               "model.context_strides=[0]", "batch_size=8"])
     assert args.func(args) == 0

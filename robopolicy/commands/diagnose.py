@@ -3,6 +3,7 @@
     robopolicy diagnose pickplace-failures --checkpoint outputs/train/arm_state_75/final --episodes 100
     robopolicy diagnose pickplace-failures --checkpoint CKPT release=step correct=center,carry
     robopolicy diagnose tracking-failures --checkpoint outputs/train/track_stage3/final --split dt
+    robopolicy diagnose encoder-probe --episodes 200
 
 Each diagnosis prints a markdown table and its findings, ends with a one-line summary, and with
 ``--out DIR`` also writes ``DIR/<what>.json`` (the counts and measurements) and the run record
@@ -25,6 +26,9 @@ DIAGNOSES = {
     "tracking-failures": ("robopolicy.diagnose.tracking_failures", "TrackingFailuresConfig",
                           "how a PersonFollow policy's episodes end (lost, collisions by kind) and whether "
                           "the oracle could still have saved them"),
+    "encoder-probe": ("robopolicy.diagnose.encoder_probe", "EncoderProbeConfig",
+                      "linear probe of frozen encoder features on sim frames (shirt, cube colour): "
+                      "pretrained weights against a random init"),
 }
 
 
@@ -67,9 +71,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, json.dumps(result, indent=2, default=float))
         n = result["episodes"]
-        shares = {kind: count / n for kind, count in result["counts"].items()}
+        if hasattr(module, "metrics"):
+            metrics = module.metrics(result)
+        else:
+            shares = {kind: count / n for kind, count in result["counts"].items()}
+            metrics = {"success_rate": shares["success"], "ends": shares}
         write_summary(args.out, kind="diagnose", config=cfg, seeds=[cfg.seed], episodes=n, started_at=started,
-                      metrics={"success_rate": shares["success"], "ends": shares}, extra={"diagnosis": args.what})
+                      metrics=metrics, extra={"diagnosis": args.what})
         lines.insert(-1, f"written: {out} and {Path(args.out) / 'summary.json'}")
     print("\n".join(lines))
     return 0

@@ -21,8 +21,10 @@ Two options serve small objects named by the instruction (a 2.5 cm cube is ~4 px
   token ``[x, y, attended features]`` with sub-cell precision, so a frame becomes K tokens of
   ``C + 2`` features.
 
-Weights are never downloaded: ``pretrained=False`` always, and ``weights`` names a local file
-(``.safetensors``, or a ``.pth``/``.bin`` state dict read with ``weights_only=True``).
+Weights are never downloaded: ``pretrained=False`` always, and ``weights`` is ``imagenet`` (the
+ImageNet checkpoint that ships in a package, for efficientnet_lite0..2: see
+:mod:`robopolicy.models.pretrained`) or names a local file (``.safetensors``, or a ``.pth``/``.bin``
+state dict read with ``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -45,12 +47,15 @@ class EncoderError(ValueError):
 class EncoderConfig:
     """One vision backbone."""
 
-    name: str = "resnet18"
-    """timm model name (resnet18, resnet34, efficientnet_b0, vit_tiny_patch16_224, ...)."""
+    name: str = "efficientnet_lite0"
+    """timm model name (efficientnet_lite0, resnet18, vit_tiny_patch16_224, ...)."""
     weights: str | None = None
-    """Local weights file (.safetensors / .pth / .bin); None: random init (never downloaded)."""
+    """``imagenet``: the packaged ImageNet weights (efficientnet_lite0..2); a local weights file
+    (.safetensors / .pth / .bin, timm or EfficientNet-PyTorch keys); None: random init. Never
+    downloaded."""
     frozen: bool = True
-    """Frozen encoders run in eval mode without gradients, and their features can be cached."""
+    """Frozen encoders run in eval mode without gradients, and their features can be cached. A
+    training recipe may freeze only weights that come from somewhere (``weights`` or ``init_from``)."""
     image_size: int = 96
     """Frames are resized to this square size before the encoder (ViTs are built for it)."""
     stage: int | None = None
@@ -135,8 +140,13 @@ class VisionEncoder(nn.Module):
         super().__init__()
         import timm
 
+        from robopolicy.models import pretrained
+
         self.cfg, self.grid = cfg, int(grid)
         kwargs = {"img_size": cfg.image_size} if cfg.name.startswith(("vit", "deit", "eva")) else {}
+        build_kwargs, mean_std = pretrained.conventions(cfg.name)  # e.g. TensorFlow padding for Lite
+        kwargs.update(build_kwargs)
+        source = pretrained.resolve_weights(cfg.name, cfg.weights)
         # FiLM needs every stage's output: ask for all of them (they are computed anyway)
         indices = tuple(range(int(cfg.stage) + 1)) if cfg.film else (cfg.stage,)
         try:
@@ -149,17 +159,13 @@ class VisionEncoder(nn.Module):
             raise EncoderError(f"timm has no model {cfg.name!r} ({exc})") from None
         except (IndexError, ValueError, AssertionError) as exc:
             raise EncoderError(f"timm {cfg.name!r} has no feature stage {cfg.stage} ({exc})") from None
-        if cfg.weights:
-            state = _load_state_dict(cfg.weights)
-            # strict=False: classifier weights, and with ``stage`` the unused later layers, are extra
-            missing, _ = self.net.load_state_dict(state, strict=False)
-            missing = [k for k in missing if not k.startswith(("fc.", "head", "classifier"))]
-            if missing:
-                raise EncoderError(f"{cfg.weights}: weights do not fit timm {cfg.name!r}: "
-                                   f"{len(missing)} missing keys, e.g. {missing[:3]}")
+        if source is not None:
+            pretrained.load_weights(self.net, source, cfg.name)
         data_cfg = getattr(self.net, "pretrained_cfg", {}) or {}
         mean = data_cfg.get("mean", (0.485, 0.456, 0.406))
         std = data_cfg.get("std", (0.229, 0.224, 0.225))
+        if mean_std is not None:
+            mean, std = mean_std  # the normalisation the family's weights were trained with
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
         self.num_prefix = int(getattr(self.net, "num_prefix_tokens", 0) or 0)
