@@ -95,7 +95,9 @@ class ControlNode:
         self.longest_driver_call = 0.0
         self.stop_commanded = False  # driver.stop() was called (and returned) at least once
         self.stop_time: float | None = None  # time.monotonic() when the last driver.stop() returned
+        self.close_stop_time: float | None = None  # ... the one close() commands first
         self._stop_sent = False
+        self._closing = False
         self._stop_lock = threading.Lock()
         self._estop_request: tuple[str, float] | None = None
         self._running = threading.Event()
@@ -125,12 +127,16 @@ class ControlNode:
         self._watchdog.start()
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the loop, command the driver's safe stop (again, even after a fault's) and close
-        the source; the driver stays connected. The loop ends within one period, then stops."""
+        """Command the driver's safe stop at once (again, even after a fault's), stop the loop,
+        command it once more after the loop's last tick, and close the source; the driver stays
+        connected."""
+        self._closing = True  # the loop writes no command from now on
         self._running.clear()
+        self._safe_stop(force=True)  # now, not a period later: stop() is allowed from any thread
+        self.close_stop_time = self.stop_time
         if self._thread is not None:
             self._thread.join(timeout)
-        self._safe_stop(force=True)
+        self._safe_stop(force=True)  # again, after the loop's last tick: nothing can follow it
         if self._watchdog is not None:
             self._watchdog.join(timeout)
         if self.source is not None:
@@ -331,7 +337,7 @@ class ControlNode:
                         and time.monotonic() - self.scheduler.last_fresh > self.command_timeout:
                     self._trip_stale(time.monotonic())
                     safe = None
-                if safe is not None:
+                if safe is not None and not self._closing:
                     try:
                         t_write = self._in_driver = time.monotonic()
                         sent = self.driver.write(safe)

@@ -267,7 +267,7 @@ def _close(node, driver) -> dict[str, Any]:
     try:
         node.close()
         out["driver_stopped"] = node.stop_commanded
-        out["stopped_at"] = node.stop_time
+        out["stopped_at"] = node.close_stop_time or node.stop_time
     except Exception as exc:  # noqa: BLE001
         out["close_error"] = repr(exc)
         try:
