@@ -6,7 +6,13 @@
   buffer, sparse reward, semi-MDP chunk decisions): far fewer env steps where the task allows it.
 - :mod:`~robopolicy.refine.dagger`: on-policy relabelling with filtered oracle labels.
 - :mod:`~robopolicy.refine.rpd`: PPO on a compact student plus an annealed BC term toward a teacher.
-- :mod:`~robopolicy.refine.residual`: the residual policy (base + residual) and its checkpoint;
-  :func:`~robopolicy.refine.residual.load_any_policy` loads any checkpoint directory.
-- :mod:`~robopolicy.refine.common`: rollout envs, running reward scale, GAE, evaluation, curves.
+- :mod:`~robopolicy.refine.residual`: the residual policy (a frozen base's executed chunks, an
+  actor-critic from :mod:`robopolicy.rl`, the action adapters of
+  :mod:`~robopolicy.refine.adapters`) and its checkpoint, which ``robopolicy.models.load_policy`` loads;
+  :mod:`~robopolicy.refine.residual_run`: what residual PPO and residual TD3 share.
+- :mod:`~robopolicy.refine.stages`: residual PPO in stages from one command.
+- :mod:`~robopolicy.refine.common`: rollout envs and evaluation (from :mod:`robopolicy.eval`),
+  curves, the saved run config; :mod:`~robopolicy.refine.summary`: the run's ``summary.json``.
+
+The PPO update, GAE, the actor-critic and the running statistics are :mod:`robopolicy.rl`'s.
 """

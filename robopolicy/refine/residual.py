@@ -5,7 +5,7 @@
     policy.save("outputs/refine/arm_pp")   # config.yaml + residual.safetensors + base/ (the base checkpoint)
     policy = load_policy("outputs/refine/arm_pp")   # robopolicy.models.load_policy: any checkpoint
 
-Per step: the base's chunk is executed from a queue (``execute_steps`` actions of each predicted
+Per step: the base's chunk is executed by the chunk executor (``execute_steps`` actions of each predicted
 chunk, then the base is asked again) and the residual corrects every executed action:
 ``a = unnorm(clip(norm(a_base) + scale * r, -1, 1))`` with ``norm`` mapping the env's action box
 to [-1, 1]; a dimension in ``switch_dims`` (a gripper) is switched instead, per decision, between
@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hardware.control.chunking import ChunkExecutor
 from robopolicy.config import build, to_dict
 from robopolicy.data.features import ENV_STATE
 from robopolicy.models.loading import load_policy as load_any_policy  # noqa: F401 - moved to robopolicy.models
@@ -254,8 +255,9 @@ class ResidualPolicy(nn.Module):
         self.offset = JointOffset(scale, ~tcp)
         self.switcher = GripperSwitch(self.switch) if self.switch else None
         self.tool = ToolPointOffset(config.tcp, scale, config.bound) if config.tcp else None
-        self._queue: list[list[np.ndarray]] = []
-        self._planned = 0  # actions queued from each base chunk
+        # the base's chunks, ``execute_steps`` actions of each, per row (the one chunk executor)
+        self.executor = ChunkExecutor("chunk", steps_per_chunk=config.execute_steps)
+        self._planned = 0  # actions executed from each base chunk
         self.fresh = torch.zeros(0, dtype=torch.bool)  # rows that decide this step (see ``decides``)
         self._held = torch.zeros(0, a)  # decision: chunk — each row's correction for its current chunk
         self.elapsed = np.zeros(0, dtype=np.int64)  # steps acted since reset, per row (the ``time`` input)
@@ -298,14 +300,13 @@ class ResidualPolicy(nn.Module):
 
     def reset(self, rows: Sequence[int] | None = None) -> None:
         """Forget queued base actions (and the base's context) of ``rows`` (all when ``None``)."""
-        if rows is None or set(rows) >= set(range(len(self._queue))):
+        batch = self.executor.n_envs
+        if rows is None or set(rows) >= set(range(batch)):
             rows = None
-            self._queue = []
+            self.executor.resize(0)
             self._features = None
         else:
-            for r in rows:
-                if r < len(self._queue):
-                    self._queue[r] = []
+            self.executor.reset(rows)
         if rows is None or set(rows) >= set(range(len(self.elapsed))):
             self.elapsed = np.zeros(0, dtype=np.int64)
         else:
@@ -313,7 +314,7 @@ class ResidualPolicy(nn.Module):
         if self.base is not None:
             # inside inference mode: the base's ring buffer was created by predict() in inference mode
             with torch.inference_mode():
-                self.base.reset(rows) if rows is not None and self._queue else self.base.reset()
+                self.base.reset(rows) if rows is not None and batch else self.base.reset()
 
     @torch.no_grad()
     def predict(self, obs: Mapping[str, Any]) -> torch.Tensor:
@@ -362,11 +363,11 @@ class ResidualPolicy(nn.Module):
             if not peek:
                 self.fresh = torch.ones(b, dtype=torch.bool)
             return self.action_loc.expand(b, -1).clone(), None
-        if len(self._queue) != b:  # a new batch size: start every row afresh
+        if self.executor.n_envs != b:  # a new batch size: start every row afresh
             self.reset()
-            self._queue = [[] for _ in range(b)]
-        need = [i for i in range(b) if not self._queue[i]]
-        if need:
+            self.executor.resize(b)
+        need = np.flatnonzero(self.executor.needs()).tolist()
+        if len(need):
             if self._memory_hook is None:
                 self._memory_hook = self.base.backbone.register_forward_hook(self._pooled_memory)
             old = self._features
@@ -377,18 +378,15 @@ class ResidualPolicy(nn.Module):
                 keep[need] = False
                 fresh[keep] = old[keep]
                 self._features = fresh
-            n = min(self.config.execute_steps, chunk.shape[1])
-            for i in need:
-                self._queue[i] = list(chunk[i, :n])
-            self._planned = n
+            self.executor.add(need, chunk[need])
+            self._planned = min(self.config.execute_steps, chunk.shape[1])
         elif max(self.base.config.context_strides) > 0 and not peek:
             self.base.observe(obs)
         if not peek:  # a row whose chunk is still whole starts executing it now (it may have been planned by a
             # peek); with decision_every, also a row that has executed a multiple of it from its chunk
             every = self.config.decision_every or self._planned
-            self.fresh = torch.as_tensor([(self._planned - len(q)) % every == 0 for q in self._queue],
-                                         dtype=torch.bool)
-        acts = torch.as_tensor(np.stack([q[0] if peek else q.pop(0) for q in self._queue]), dtype=torch.float32)
+            self.fresh = torch.as_tensor(self.executor.executed() % every == 0)
+        acts = torch.as_tensor(self.executor.next(peek=peek), dtype=torch.float32)
         return acts, self._features
 
     def residual_input(self, obs: Mapping[str, Any], peek: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,7 +45,7 @@ def env_kwargs(cfg: ResidualRunConfig) -> dict:
 
 def build_policy(cfg: ResidualRunConfig, base=None) -> ResidualPolicy:
     """The residual (over ``base`` or ``cfg.base``) sized for ``cfg.env``."""
-    from robopolicy.refine.residual import load_any_policy as load_policy
+    from robopolicy.models import load_policy
 
     obs_space, act_space = single_spaces(cfg.env, **env_kwargs(cfg))
     if base is None and cfg.base:

@@ -28,11 +28,12 @@ from typing import Callable
 import numpy as np
 import torch
 
+from hardware.control.chunking import ChunkExecutor
 from robopolicy.envs import EnvConfig
-from robopolicy.eval.chunking import ChunkExecutor
 from robopolicy.models.policy import PolicyError
 from robopolicy.refine.common import Curve, RefineRunOptions, evaluate_success, make_vector_envs, single_spaces
-from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, init_from, load_any_policy
+from robopolicy.models import load_policy
+from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, init_from
 from robopolicy.refine.summary import write_refine_summary
 from robopolicy.rl import PPOSettings, RewardScaler, gae, ppo_update
 from robopolicy.rl.ppo import Batch, normalize_advantages
@@ -127,7 +128,7 @@ class Run:
     teacher: ResidualPolicy
     optimizers: list
     scaler: RewardScaler
-    executors: list[ChunkExecutor]
+    executor: ChunkExecutor
     bc: float
     ppo_on: bool = False
     bc_loss: float = float("nan")
@@ -138,7 +139,7 @@ class Run:
 
 def build(cfg: RPDConfig, teacher) -> tuple[ResidualPolicy, ResidualPolicy, dict]:
     """The student, the teacher as a closed-loop actor (its chunks executed), the env kwargs."""
-    teacher = teacher if teacher is not None else load_any_policy(cfg.base)
+    teacher = teacher if teacher is not None else load_policy(cfg.base)
     if "time" in cfg.student.inputs:
         # the loop queries the student on every step for the BC labels, not only when it decides,
         # so the student's own step count would run ahead of the episode
@@ -176,7 +177,7 @@ def rollout(run: Run, envs, obs: dict, cfg: RPDConfig) -> tuple[dict, dict[str, 
         x = student.norm(x_raw)
         bc_x.append(x_raw)
         bc_y.append(_teacher_label(run.teacher, obs, k, student))
-        need = [i for i, e in enumerate(run.executors) if e.needs_chunk()]
+        need = np.flatnonzero(run.executor.needs()).tolist()
         if need:
             dist = student.dist(x[need])
             r = dist.sample()
@@ -184,9 +185,8 @@ def rollout(run: Run, envs, obs: dict, cfg: RPDConfig) -> tuple[dict, dict[str, 
             buf["logp"][t, need] = student.log_prob(dist, r, clipped=cfg.clipped_likelihood)
             buf["val"][t, need] = student.value(x[need])
             acts = student.env_action(torch.zeros(len(need), student.action_loc.shape[0]), r)
-            for j, i in enumerate(need):
-                run.executors[i].add(acts.reshape(len(need), k, -1)[j].numpy())
-        obs, reward, term, trunc, info = envs.step(np.stack([e.next_action() for e in run.executors]))
+            run.executor.add(need, acts.reshape(len(need), k, -1).numpy())
+        obs, reward, term, trunc, info = envs.step(run.executor.next())
         done = np.logical_or(term, trunc)
         buf["rew"][t] = torch.as_tensor(run.scaler(np.asarray(reward, np.float64), done), dtype=torch.float32)
         buf["done"][t] = torch.as_tensor(done, dtype=torch.float32)
@@ -194,8 +194,7 @@ def rollout(run: Run, envs, obs: dict, cfg: RPDConfig) -> tuple[dict, dict[str, 
             won = np.asarray(info.get("final_info", {}).get("is_success", np.zeros(n)))
             run.train_eps.extend(bool(won[i]) for i in np.flatnonzero(done))
             rows = [int(i) for i in np.flatnonzero(done)]
-            for i in rows:
-                run.executors[i].reset()
+            run.executor.reset(rows)
             run.teacher.base.reset(rows) if k > 1 else run.teacher.reset(rows)
     # A chunk still running at the rollout's end is cut there and bootstrapped from the value of
     # the state reached; semi-MDP GAE over the decisions (robopolicy.rl.gae).
@@ -270,7 +269,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     params = student.trainable_parameters()
     run = Run(student, teacher_wrap, [torch.optim.Adam(params["actor"], lr=cfg.actor_lr, eps=1e-5),
                                       torch.optim.Adam(params["critic"], lr=cfg.critic_lr, eps=1e-5)],
-              RewardScaler(cfg.num_envs, cfg.gamma, cfg.reward_clip), [ChunkExecutor() for _ in range(cfg.num_envs)],
+              RewardScaler(cfg.num_envs, cfg.gamma, cfg.reward_clip), ChunkExecutor("chunk", n_envs=cfg.num_envs),
               cfg.bc_weight)
     envs = make_vector_envs(cfg.env, cfg.num_envs, **kw)
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(cfg.num_envs)])
@@ -323,27 +322,20 @@ def _summary(cfg: RPDConfig, student: ResidualPolicy, teacher: ResidualPolicy, t
 
 def _stepper(policy) -> tuple[Callable[[dict], np.ndarray], Callable[[list[int] | None], None]]:
     """``(act, reset)`` for :func:`evaluate_success`: one action per env step. A chunk policy's
-    chunk is executed in full before it is asked again (``robopolicy eval``'s ChunkExecutor, one
-    per env)."""
+    chunk is executed in full before it is asked again (the chunk executor ``robopolicy eval`` runs)."""
     if policy.horizon == 1:
         return (lambda o: policy.predict(o)[:, 0].numpy()), policy.reset
-    executors: list[ChunkExecutor] = []
+    executor = ChunkExecutor("chunk")
 
     def act(obs):
-        n = len(np.asarray(obs["observation.state"]))
-        if len(executors) != n:
-            executors[:] = [ChunkExecutor() for _ in range(n)]
-        if any(e.needs_chunk() for e in executors):
-            chunk = policy.predict(obs).numpy()
-            for e, c in zip(executors, chunk):
-                if e.needs_chunk():
-                    e.add(c)
-        return np.stack([e.next_action() for e in executors])
+        executor.resize(len(np.asarray(obs["observation.state"])))
+        need = np.flatnonzero(executor.needs())
+        if len(need):
+            executor.add(need, policy.predict(obs).numpy()[need])
+        return executor.next()
 
     def reset(rows=None):
-        for i in (range(len(executors)) if rows is None else rows):
-            if i < len(executors):
-                executors[i].reset()
+        executor.reset(rows)
         policy.reset(rows)
 
     return act, reset
