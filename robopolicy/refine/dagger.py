@@ -400,7 +400,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     last iteration's) and ``out_dir/best`` (the best evaluated, when it beats the base)."""
     from tqdm.auto import tqdm
 
-    from robopolicy.refine.residual import load_any_policy
+    from robopolicy.models.loading import load_policy
     from robopolicy.train.trainer import resolve_device
 
     torch.manual_seed(cfg.seed)
@@ -408,7 +408,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
         torch.set_num_threads(cfg.threads)
     rng, prng = np.random.default_rng(cfg.seed), random.Random(cfg.seed)
     device = resolve_device(cfg.device)  # a device that is not there stops the run before any rollout
-    policy = policy or load_any_policy(cfg.base)
+    policy = policy or load_policy(cfg.base)
     trainee, scene_label = resolve_learner(policy, cfg.learner)
     waypoints = policy.horizon if policy.output == "waypoints" else None
     out = Path(cfg.out_dir)
