@@ -673,3 +673,19 @@ def test_mlp_locate_head_finds_the_named_square_and_feeds_a_modular_policy(one_t
     shutil.rmtree(tmp_path / "modular" / "actor")
     with pytest.raises(PolicyError, match="actor is missing"):
         load_policy(tmp_path / "modular")
+
+
+def test_aux_heads_declare_their_losses_labels_and_sizes():
+    """The registry, not Policy or the trainer, knows which labels a loss reads and their sizes."""
+    from robopolicy.models.aux_heads import AUX_HEADS, head_sizes, loss_owner, required_labels
+
+    assert set(AUX_HEADS) == {"align", "ground", "free_run", "locate"}
+    cfg = PolicyConfig(aux_heads=["locate", "free_run"], locate_label="label.where")
+    stats = {"label.where": {"mean": np.zeros(4)}, "label.free_run": {"mean": np.zeros(5)}}
+    assert head_sizes(cfg, stats) == {"locate_dim": 4, "free_run_dim": 5}
+    assert required_labels(cfg, {"action": 1.0, "locate": 1.0, "ground_free_run": 0.0}) == {"label.where": "loss.locate"}
+    assert loss_owner("ground_visible").name == "ground" and loss_owner("action") is None
+    with pytest.raises(ValueError, match="no head computes it"):
+        loss_owner("nonsense")
+    with pytest.raises(ValueError, match="unknown head 'nope'"):
+        PolicyConfig(aux_heads=["nope"])

@@ -84,6 +84,10 @@ class AuxHead:
         """Whether its losses read the fused memory (else only raw features)."""
         return True
 
+    def sizes(self, cfg: Any, stats: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """Model config fields this head takes from the dataset's label statistics (its label's size)."""
+        return {}
+
     def build(self, cfg: Any, policy: nn.Module, stats: Mapping[str, Mapping[str, Any]] | None) -> nn.Module:
         raise NotImplementedError
 
@@ -129,6 +133,20 @@ def required_labels(cfg: Any, weights: Mapping[str, float]) -> dict[str, str]:
                 if loss in readers:
                     out.setdefault(key, f"loss.{loss}")
     return out
+
+
+def head_sizes(cfg: Any, stats: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Every size the heads of ``cfg.aux_heads`` take from the dataset (e.g. ``locate_dim``)."""
+    out: dict[str, Any] = {}
+    for name in cfg.aux_heads:
+        out.update(aux_head(name).sizes(cfg, stats))
+    return out
+
+
+def _label_size(stats: Mapping[str, Mapping[str, Any]], key: str) -> int:
+    import numpy as np
+
+    return int(np.asarray(stats[key]["mean"]).size)
 
 
 # --------------------------------------------------------------------------- the heads
@@ -239,6 +257,9 @@ class FreeRun(AuxHead):
     def labels(self, cfg):
         return {FREE_RUN: self.losses}
 
+    def sizes(self, cfg, stats):
+        return {"free_run_dim": _label_size(stats, FREE_RUN)} if FREE_RUN in stats else {}
+
     def build(self, cfg, policy, stats):
         return FreeRunHead(cfg.d_model, cfg.n_heads, cfg.free_run_dim, cfg.dropout)
 
@@ -260,6 +281,9 @@ class Locate(AuxHead):
 
     def uses_memory(self, cfg):
         return cfg.locate_head != "mlp"
+
+    def sizes(self, cfg, stats):
+        return {"locate_dim": _label_size(stats, cfg.locate_label)} if cfg.locate_label in stats else {}
 
     def build(self, cfg, policy, stats):
         label_stats = (stats or {}).get(cfg.locate_label, {})  # none when loading: the buffers hold them

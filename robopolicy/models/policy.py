@@ -77,9 +77,9 @@ class PolicyConfig:
     declares its losses and labels): ``align`` (stage 1 contrastive), ``ground`` (stage 2
     grounding), ``free_run`` (stage 2 spatial grounding), ``locate`` (regress a privileged label)."""
     free_run_dim: int = 9
-    """Rays of the ``free_run`` head's label."""
+    """Rays of the ``free_run`` head's label; the trainer fills it from the dataset."""
     locate_dim: int = 6
-    """Size of the ``locate`` head's label."""
+    """Size of the ``locate`` head's label; the trainer fills it from the dataset."""
     locate_label: str = GOAL_POS
     """The dataset label the ``locate`` head regresses (e.g. ``label.goal_pos`` of the arm tasks)."""
     locate_head: Literal["query", "mlp"] = "query"
@@ -103,9 +103,8 @@ class PolicyConfig:
     which images show more directly (a wrist camera sees the offset to the object). Needs
     ``use_state``; ``predict`` adds the state back, so outputs stay in env units. The action
     statistics of these dims are those of the offsets (the trainer computes them)."""
-    encoders: list[EncoderConfig] = field(default_factory=lambda: [EncoderConfig(weights="imagenet")])
-    """One or two vision backbones, fused on a shared grid (default: the packaged ImageNet
-    EfficientNet-Lite0, frozen)."""
+    encoders: list[EncoderConfig] = field(default_factory=lambda: [EncoderConfig()])
+    """One or two vision backbones, fused on a shared grid."""
     grid: int = 3
     """Each frame becomes grid x grid tokens."""
     context_strides: list[int] = field(default_factory=lambda: [0, 1, 4, 16])

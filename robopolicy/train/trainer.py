@@ -51,7 +51,7 @@ from robopolicy.config import ConfigError, to_dict
 from robopolicy.data.loader import FeatureMap, TrainingDataset
 from robopolicy.models.feature_cache import ensure_features
 from robopolicy.models.modular import ModularPolicy
-from robopolicy.models.aux_heads import AuxHeadError, required_labels
+from robopolicy.models.aux_heads import AuxHeadError, head_sizes, required_labels
 from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError, check_io, check_loss_heads
 from robopolicy.utils.files import atomic_write_text
 from robopolicy.utils.records import write_summary
@@ -164,11 +164,6 @@ class TrainConfig:
     overwrite: bool = False
     """Allow a fresh run into an ``out`` that already holds checkpoints."""
 
-    def __post_init__(self):
-        from robopolicy.models.pretrained import check_frozen_sources
-
-        check_frozen_sources(self.model.encoders, self.init_from)
-
 
 class TrainError(ValueError):
     """A run cannot start or continue; the message says why."""
@@ -270,7 +265,8 @@ def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
 
 def model_config_for(cfg: PolicyConfig, ds: TrainingDataset, env_state: str | None = None) -> PolicyConfig:
     """``cfg`` with the dataset-derived fields filled in (cameras, action shape, state sizes, frame
-    size); ``env_state``: the dataset key of the scene state (``data.features.env_state``)."""
+    size, the auxiliary heads' label sizes); ``env_state``: the dataset key of the scene state
+    (``data.features.env_state``)."""
     roles = list(ds.cameras)
     if cfg.cameras and list(cfg.cameras) != roles:
         raise PolicyError(f"model.cameras {cfg.cameras} but the dataset gives cameras {roles} "
@@ -295,6 +291,7 @@ def model_config_for(cfg: PolicyConfig, ds: TrainingDataset, env_state: str | No
         frame = [h, w]
     filled = dataclasses.replace(cfg, cameras=roles, action_shape=action_shape, state_dim=state_dim,
                                  env_state_dim=env_state_dim, frame_size=frame)
+    filled = dataclasses.replace(filled, **head_sizes(filled, stats))  # e.g. the locate label's size
     check_io(filled)  # before anything is computed from the config (e.g. relative action statistics)
     return filled
 
