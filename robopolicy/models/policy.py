@@ -103,8 +103,9 @@ class PolicyConfig:
     which images show more directly (a wrist camera sees the offset to the object). Needs
     ``use_state``; ``predict`` adds the state back, so outputs stay in env units. The action
     statistics of these dims are those of the offsets (the trainer computes them)."""
-    encoders: list[EncoderConfig] = field(default_factory=lambda: [EncoderConfig()])
-    """One or two vision backbones, fused on a shared grid."""
+    encoders: list[EncoderConfig] = field(default_factory=lambda: [EncoderConfig(weights="imagenet")])
+    """One or two vision backbones, fused on a shared grid (default: the packaged ImageNet
+    EfficientNet-Lite0, frozen)."""
     grid: int = 3
     """Each frame becomes grid x grid tokens."""
     context_strides: list[int] = field(default_factory=lambda: [0, 1, 4, 16])

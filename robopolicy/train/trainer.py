@@ -164,6 +164,11 @@ class TrainConfig:
     overwrite: bool = False
     """Allow a fresh run into an ``out`` that already holds checkpoints."""
 
+    def __post_init__(self):
+        from robopolicy.models.pretrained import check_frozen_sources
+
+        check_frozen_sources(self.model.encoders, self.init_from)
+
 
 class TrainError(ValueError):
     """A run cannot start or continue; the message says why."""
