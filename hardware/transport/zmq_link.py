@@ -244,11 +244,13 @@ class PolicyServer:
         latest: dict[bytes, Message] = {}
         others: list[tuple[bytes, Message]] = []
         now = time.monotonic()
-        while True:  # drain what is queued
+        more = True  # the poll said a message waits; then EVENTS says whether another does
+        while more:  # (cheaper than the zmq.Again exception a non-blocking recv raises at the end)
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)  # copying a few frames beats Frame objects
             except zmq.Again:
                 break
+            more = bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
             ident = frames[0]
             try:
                 msg = decode(frames[1:], None, self.limits)
@@ -322,7 +324,7 @@ class PolicyClient:
     def poll(self) -> list[Message]:
         """Every valid reply received so far (never blocks); invalid ones are counted, dropped."""
         out = []
-        while True:
+        while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # no zmq.Again exception per empty call
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
