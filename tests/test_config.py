@@ -93,6 +93,26 @@ def test_shipped_configs_load():
         load_config(EnvConfig, f)
 
 
+def test_shipped_eval_configs_load_and_name_envs_that_exist():
+    """Every ``configs/eval/*.yaml`` is a valid EvalConfig whose env id resolves (the eval help
+    points at one of them)."""
+    import re
+
+    from robopolicy.commands import eval as eval_cmd
+    from robopolicy.envs import resolve_env_id
+    from robopolicy.eval.config import EvalConfig
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "configs" / "eval").glob("*.yaml"))
+    assert files
+    for f in files:
+        resolve_env_id(load_config(EvalConfig, f).env.id)
+    named_in_help = re.findall(r"configs/eval/[\w./-]+\.yaml", eval_cmd.__doc__ + str(eval_cmd.add_parser.__code__.co_consts))
+    assert named_in_help
+    for named in named_in_help:
+        assert (root / named).is_file(), named
+
+
 def test_shipped_refine_configs_load_into_their_methods_config():
     """Every ``configs/refine/<method>/*.yaml`` is a valid config of the method its folder names,
     so a key renamed in code (or mistyped in a config) fails here rather than in a long run."""
