@@ -418,3 +418,12 @@ def test_oracle_dataset_from_collect_loads_with_waypoints_and_labels(tmp_path):
         assert torch.equal(ours["observation.images.front"], frames)
         assert ours["task"] == theirs["task"]
     assert ds.stats["action"]["mean"].shape == (8, 3)
+
+
+def test_relative_action_stats_and_missing_labels_name_the_setting(dataset, cache_dir, training):
+    rel = training.relative_action_stats([0, 1])
+    assert rel["mean"].shape == (2,)
+    with pytest.raises(DatasetError, match=r"model.relative_action \[0, 2\]: dims must be below 2"):
+        training.relative_action_stats([0, 2])  # a 2-d action: no raw IndexError
+    with pytest.raises(DatasetError, match="loss.locate asks for the feature 'label.goal_pos'.*set loss.locate: 0"):
+        TrainingDataset(dataset, labels={"label.goal_pos": "loss.locate"}, cache_dir=cache_dir, progress=False)

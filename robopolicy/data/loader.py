@@ -204,6 +204,10 @@ class TrainingDataset(torch.utils.data.Dataset):
         if self._state is None:
             raise DatasetError("relative actions need a state feature (data.features.state)")
         dims = [int(d) for d in dims]
+        limit = min(self._action.shape[-1], self._state.shape[-1])
+        if any(not 0 <= d < limit for d in dims):
+            raise DatasetError(f"model.relative_action {dims}: dims must be below {limit} (action "
+                               f"{self._action.shape[-1]}, state {self._state.shape[-1]} values)")
         base = {k: np.asarray(v, dtype=np.float32).copy() for k, v in self.stats["action"].items()}
         if not dims:
             return base
