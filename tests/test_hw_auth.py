@@ -154,12 +154,13 @@ def test_sessions_are_isolated_when_the_worker_serves_several(tmp_path):
 
 
 # -- item 5: a wrong key fails fast and is logged --------------------------------------------------
-def test_a_wrong_key_faults_the_node_fast_and_the_worker_logs_it(caplog):
+@pytest.mark.parametrize("node_key", [b"w" * 32, None], ids=["wrong_key", "no_key"])
+def test_a_wrong_key_faults_the_node_fast_and_the_worker_logs_it(caplog, node_key):
     ep = f"tcp://127.0.0.1:{_port()}"
     server = PolicyServer(ep, KEY, log_every=60.0)
     serving = _Serving(server, HoldPolicy())
     drv = PointDriver(dim=6)
-    src = PolicyWorkerSource(ep, None, b"w" * 32)
+    src = PolicyWorkerSource(ep, None, node_key, insecure_loopback=True)
     node = ControlNode(drv, src, ActionScheduler("latest"), SafetyFilter(drv.spec, 1 / drv.spec.rate_hz),
                        NodeConfig(fifo=False))  # startup_timeout stays 120 s
     try:
@@ -172,7 +173,7 @@ def test_a_wrong_key_faults_the_node_fast_and_the_worker_logs_it(caplog):
         assert node.fault.code == "auth_refused" and "auth key" in node.fault.reason, node.fault
         assert took < 5.0 and drv.stops
         lines = [r for r in caplog.records if "refused a connection" in r.getMessage()]
-        assert 1 <= len(lines) < server.handshakes_refused  # logged, rate-limited
+        assert len(lines) >= 1 and (len(lines) < server.handshakes_refused or server.handshakes_refused == 1)
     finally:
         node.close()
         serving.close()

@@ -141,7 +141,7 @@ def _socket(ctx: zmq.Context, kind: int, limits: Limits) -> zmq.Socket:
 
 
 def _drain_handshake_events(monitor: zmq.Socket) -> list[tuple[int, str]]:
-    """(event, what) of every handshake outcome queued on a monitor socket (never blocks)."""
+    """(event, what) of every connection event queued on a monitor socket (never blocks)."""
     out = []
     while monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
         try:
@@ -149,8 +149,7 @@ def _drain_handshake_events(monitor: zmq.Socket) -> list[tuple[int, str]]:
         except zmq.Again:
             break
         event = int.from_bytes(frames[0][:2], "little")
-        if event in HANDSHAKE_FAILED or event == EVENT_HANDSHAKE_SUCCEEDED:
-            out.append((event, HANDSHAKE_FAILED.get(event, "ok")))
+        out.append((event, HANDSHAKE_FAILED.get(event, "ok")))
     return out
 
 
@@ -228,8 +227,8 @@ class PolicyServer:
         return True
 
     def _note_handshakes(self) -> None:
-        for _, what in _drain_handshake_events(self.monitor):
-            if what != "ok":
+        for event, what in _drain_handshake_events(self.monitor):
+            if event in HANDSHAKE_FAILED:
                 self.handshakes_refused += 1
                 self.say("handshake", f"refused a connection to the policy link: handshake failed: {what}")
 
@@ -282,7 +281,7 @@ class PolicyClient:
 
     def __init__(self, endpoint: str, key: bytes | None = None, limits: Limits = Limits(),
                  context: zmq.Context | None = None, insecure_loopback: bool = False,
-                 refused_after: int = 2):
+                 refused_after: int = 1):
         check_bind(endpoint, key, insecure_loopback)
         self.key, self.limits = key, limits
         self.ctx = context or zmq.Context.instance()
@@ -295,7 +294,9 @@ class PolicyClient:
             _check_curve()
             self.sock.curve_serverkey = curve_keys(key, "server")[0]
             self.sock.curve_publickey, self.sock.curve_secretkey = curve_keys(key, "client")
-        self.monitor = self.sock.get_monitor_socket(sum(HANDSHAKE_FAILED) | EVENT_HANDSHAKE_SUCCEEDED)
+        self.monitor = self.sock.get_monitor_socket(
+            sum(HANDSHAKE_FAILED) | EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._in_handshake = False  # connected, handshake not yet succeeded
         self.sock.connect(endpoint)
         self.endpoint = endpoint
         self.refused_after = int(refused_after)
@@ -345,18 +346,24 @@ class PolicyClient:
             return self._refusal()
         self._next_monitor_check = now + 0.02
         for event, what in _drain_handshake_events(self.monitor):
-            if event == EVENT_HANDSHAKE_SUCCEEDED:
+            if event == zmq.EVENT_CONNECTED:
+                self._in_handshake = True
+            elif event == EVENT_HANDSHAKE_SUCCEEDED:
+                self._in_handshake = False
                 self.handshakes_ok += 1
                 self.handshakes_failed = 0
-            else:
+            elif event in HANDSHAKE_FAILED or (event == zmq.EVENT_DISCONNECTED and self._in_handshake):
+                # a keyed worker drops a keyless node without telling it why: a disconnect
+                # before the handshake succeeded is a refusal too
+                self._in_handshake = False
                 self.handshakes_failed += 1
-                self.last_handshake_error = what
+                self.last_handshake_error = what if event in HANDSHAKE_FAILED else "closed during the handshake"
         return self._refusal()
 
     def _refusal(self) -> str | None:
         if self.handshakes_failed >= self.refused_after:
-            return (f"the policy worker at {self.endpoint} refused the handshake {self.handshakes_failed} times "
-                    f"({self.last_handshake_error}): check the auth key on both ends")
+            return (f"the policy worker at {self.endpoint} refused the handshake ({self.handshakes_failed}x, "
+                    f"{self.last_handshake_error}): check the auth key on both ends")
         return None
 
     def stats(self) -> dict[str, Any]:
