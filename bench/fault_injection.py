@@ -375,17 +375,18 @@ def keyed_attacks(wd: str) -> None:
         lsock.close()
         row("replay of captured traffic (no key)", all(replies_before) and replayed_answers == 0, None,
             f"{len(stream)} bytes replayed; answers in clear: {replayed_answers}")
-        # 4. a wrong key on the node: fails fast
-        drv = Arm()
-        src = PolicyWorkerSource(ep, None, b"w" * 32)
-        t0 = time.monotonic()
-        n = node_with(drv, src)
-        ok = wait_for(lambda: n.fault is not None, timeout=10)
-        took = time.monotonic() - t0
-        code = n.fault.code if n.fault else None
-        n.close()
-        row("node with a wrong key", ok and code == "auth_refused" and bool(drv.stops), took,
-            f"fault {code} (startup_timeout is {NodeConfig().startup_timeout:.0f} s)")
+        # 4. a wrong key (or none) on the node: fails fast
+        for label, node_key in (("a wrong key", b"w" * 32), ("no key", None)):
+            drv = Arm()
+            src = PolicyWorkerSource(ep, None, node_key, insecure_loopback=True)
+            t0 = time.monotonic()
+            n = node_with(drv, src)
+            ok = wait_for(lambda: n.fault is not None, timeout=10)
+            took = time.monotonic() - t0
+            code = n.fault.code if n.fault else None
+            n.close()
+            row(f"node with {label}", ok and code == "auth_refused" and bool(drv.stops), took,
+                f"fault {code} (startup_timeout is {NodeConfig().startup_timeout:.0f} s)")
         # 5. loopback tcp without a key: refused at bind
         try:
             PolicyServer(f"tcp://127.0.0.1:{free_port()}")
