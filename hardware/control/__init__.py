@@ -1,12 +1,28 @@
-"""The control node: fixed-rate loop, action scheduling, safety filter, faults and timing."""
+"""The control node: fixed-rate loop, action scheduling, safety filter, faults and timing.
 
-from hardware.control.faults import Fault, FaultLatch
-from hardware.control.node import ControlNode, NodeConfig
-from hardware.control.safety import NonFiniteCommand, OutOfRangeCommand, SafetyFilter, UnsafeCommand
-from hardware.control.scheduler import ActionScheduler, Chunk, WaypointFollower
-from hardware.control.source import ActionSource, PolicyWorkerSource
+Names are imported on first use, so ``import hardware.control.chunking`` (the chunk executor the
+learning side also runs) does not load the node and its transport.
+"""
 
-__all__ = [
-    "ActionScheduler", "ActionSource", "Chunk", "ControlNode", "Fault", "FaultLatch", "NodeConfig",
-    "NonFiniteCommand", "OutOfRangeCommand", "UnsafeCommand", "PolicyWorkerSource", "SafetyFilter", "WaypointFollower",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Fault": "faults", "FaultLatch": "faults",
+    "ControlNode": "node", "NodeConfig": "node",
+    "NonFiniteCommand": "safety", "OutOfRangeCommand": "safety", "SafetyFilter": "safety", "UnsafeCommand": "safety",
+    "ActionScheduler": "scheduler", "Chunk": "scheduler", "WaypointFollower": "scheduler",
+    "ActionSource": "source", "PolicyWorkerSource": "source",
+    "ChunkExecutor": "chunking",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hardware.control' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"hardware.control.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
