@@ -1,6 +1,6 @@
 """Vision encoders: timm backbones turned into a small grid of tokens per frame.
 
-    enc = VisionEncoder(EncoderConfig(name="resnet18", frozen=True, image_size=96))
+    enc = VisionEncoder(EncoderConfig(name="efficientnet_lite0", weights="imagenet", image_size=96))
     feats = enc(images_uint8)            # (N, 3, H, W) uint8 -> (N, G*G, C) float
 
 Two encoders can run side by side (:class:`FusedVisionEncoder`; e.g. a semantic ViT and a
