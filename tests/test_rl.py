@@ -115,3 +115,25 @@ def test_a_residual_checkpoint_of_the_earlier_tensor_layout_still_loads(tmp_path
     (path / RESIDUAL_CONFIG).write_text(yaml.safe_dump(meta))
     with pytest.raises(Exception, match="format 9 is newer"):
         load_policy(path)
+
+
+def test_a_refine_run_writes_its_summary_as_a_run_record(tmp_path):
+    """``summary.json`` is the run record (commit, config digest, seeds, machine, wall time) with
+    the method's own summary as its metrics, which a chain of stages reads back."""
+    from robopolicy.envs import EnvConfig
+    from robopolicy.refine import residual_ppo
+    from robopolicy.refine.residual import ResidualConfig
+    from robopolicy.refine.summary import read_refine_summary
+    from robopolicy.utils.records import read_summary
+
+    cfg = residual_ppo.ResidualPPOConfig(env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
+                                         residual=ResidualConfig(inputs=["state"], hidden=[8]), total_env_steps=64,
+                                         num_envs=1, num_steps=32, update_epochs=1, eval_every=64, eval_episodes=2,
+                                         eval_envs=1, seed=3, out_dir=str(tmp_path / "ppo"), progress=False)
+    summary = residual_ppo.train(cfg, log=lambda s: None)
+    record = read_summary(tmp_path / "ppo")
+    assert record["kind"] == "refine" and record["seeds"] == [3] and record["episodes"] == 2
+    assert record["config_digest"] and record["wall_time_s"] > 0 and record["machine"]
+    assert record["metrics"]["env_steps"] == 64 and record["metrics"]["checkpoint"] == summary["checkpoint"]
+    assert read_refine_summary(tmp_path / "ppo") == record["metrics"]
+    assert read_refine_summary(tmp_path / "nowhere") is None

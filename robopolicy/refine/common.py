@@ -30,13 +30,19 @@ class RefineRunOptions:
     """What every refinement loop's config shares: evaluation episodes, seeds, threads, output."""
 
     eval_episodes: int = 20
+    """Episodes of each evaluation (before training, every ``eval_every`` env steps, at the end)."""
     eval_envs: int = 2
+    """Envs an evaluation runs at once."""
     eval_seed: int = 100_000
     """Episode ``e`` of an evaluation starts from seed ``eval_seed + e`` (as ``robopolicy eval``)."""
     seed: int = 0
+    """Seed of torch, of the learner and of the training envs (env ``i`` resets with ``seed + i``)."""
     threads: int = 1
+    """Torch threads of the learner (0: torch's default)."""
     out_dir: str = "outputs/refine/run"
+    """Where the run writes its curve, checkpoints and ``summary.json``."""
     progress: bool = True
+    """Show a progress bar."""
 
 
 def save_run_config(method: str, cfg) -> Path:
