@@ -123,6 +123,13 @@ def build_node(cfg: RunConfig, workdir: str | None = None):
     tc = rc.transport
     key = Path(tc.auth_key_file).read_bytes().strip() if tc.auth_key_file else None
     endpoint = tc.endpoint or f"ipc://{workdir or tempfile.mkdtemp(prefix='robopolicy-')}/policy.sock"
+    from hardware.transport import TransportError, check_bind
+
+    try:
+        check_bind(endpoint, key, tc.insecure_loopback)
+    except TransportError as exc:
+        raise ConfigError(f"{rc.name}: robot.transport.endpoint: {exc} (robot.transport.auth_key_file, "
+                          f"robot.transport.insecure_loopback)") from None
     command = None
     if tc.spawn_worker:
         command = [sys.executable, "-m", "robopolicy.deploy.worker", "--endpoint", endpoint,
