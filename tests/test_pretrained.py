@@ -191,3 +191,31 @@ def test_encoder_probe_command_writes_its_record(tmp_path, capsys):
         from robopolicy.diagnose.encoder_probe import EncoderProbeConfig
 
         load_config(EncoderProbeConfig, None, ["encoder.weights=imagenet"])
+
+
+def test_packaged_weights_see_sim_frames_as_they_saw_their_training_images():
+    """With the Lite family's own input scaling ([-1, 1]), the first BatchNorms' batch means on
+    our frames lie near the running means ImageNet training left; ImageNet mean/std scaling (what
+    a timm-trained network would want) puts them more than twice as far off."""
+    from robopolicy.diagnose.encoder_probe import render_frames
+
+    frames, _ = render_frames("shirt", 8, seed=0, image_size=64)
+    images = torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous()
+    enc = VisionEncoder(dataclasses.replace(LITE0, image_size=64), grid=2)
+    first = [enc.net.bn1, enc.net.blocks[0][0].bn1, enc.net.blocks[0][0].bn2, enc.net.blocks[1][0].bn1]
+
+    def offset(mean, std) -> float:
+        enc.mean.copy_(torch.tensor(mean).view(1, 3, 1, 1))
+        enc.std.copy_(torch.tensor(std).view(1, 3, 1, 1))
+        z = []
+        hooks = [bn.register_forward_hook(
+            lambda m, inp, out: z.append(((inp[0].mean((0, 2, 3)) - m.running_mean).abs()
+                                          / (m.running_var + m.eps).sqrt()).mean().item())) for bn in first]
+        enc(images)
+        for h in hooks:
+            h.remove()
+        return float(np.mean(z))
+
+    own = offset(*P.TF_MEAN_STD)
+    imagenet = offset((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert own < 0.3 and imagenet > 2 * own
