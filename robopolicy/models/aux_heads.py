@@ -80,15 +80,12 @@ class AuxHead:
         """Dataset label key → the losses that read it, for a model config ``cfg``."""
         return {}
 
-    def uses_memory(self, cfg: Any) -> bool:
-        """Whether its losses read the fused memory (else only raw features)."""
-        return True
-
     def sizes(self, cfg: Any, stats: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         """Model config fields this head takes from the dataset's label statistics (its label's size)."""
         return {}
 
     def build(self, cfg: Any, policy: nn.Module, stats: Mapping[str, Mapping[str, Any]] | None) -> nn.Module:
+        """The head's module for ``policy`` (``stats``: the dataset's, or ``None`` when loading a checkpoint)."""
         raise NotImplementedError
 
     def compute(self, policy: nn.Module, module: nn.Module, batch: LossBatch) -> dict[str, torch.Tensor]:
@@ -107,6 +104,7 @@ def register_aux_head(cls: type[AuxHead]) -> type[AuxHead]:
 
 
 def aux_head(name: str) -> AuxHead:
+    """The head registered as ``name``."""
     if name not in AUX_HEADS:
         raise AuxHeadError(f"model.aux_heads: unknown head {name!r} (known: {sorted(AUX_HEADS)})")
     return AUX_HEADS[name]
@@ -218,9 +216,6 @@ class Align(AuxHead):
     def labels(self, cfg):
         return {TARGET_BOX: self.losses, TARGET_VISIBLE: self.losses}
 
-    def uses_memory(self, cfg):
-        return False  # its own pass over vision tokens only, so the text cannot leak in
-
     def build(self, cfg, policy, stats):
         if policy.language is None:
             raise AuxHeadError("aux head 'align' needs model.language.enabled=true")
@@ -253,6 +248,7 @@ class FreeRun(AuxHead):
 
     name = "free_run"
     losses = ("ground_free_run",)
+    needs_camera = False
 
     def labels(self, cfg):
         return {FREE_RUN: self.losses}
@@ -278,9 +274,6 @@ class Locate(AuxHead):
 
     def labels(self, cfg):
         return {cfg.locate_label: self.losses}
-
-    def uses_memory(self, cfg):
-        return cfg.locate_head != "mlp"
 
     def sizes(self, cfg, stats):
         return {"locate_dim": _label_size(stats, cfg.locate_label)} if cfg.locate_label in stats else {}
