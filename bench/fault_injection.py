@@ -559,8 +559,10 @@ def collect_kill(wd: str) -> None:
         rows_, total, n = len(ds.meta.episodes), ds.meta.total_episodes, len(ds)
         last = ds[n - 1]
         ok = rows_ == total == want and n == 10 * want and int(last["episode_index"]) == want - 1
+        past = ds.hf_dataset.num_rows - n  # rows of a published data file no committed episode names
         row(f"kill -9 during collect (after commit step '{step}')", ok, None,
-            f"lerobot sees {total} episodes, {rows_} episode rows, {n} frames (committed: {want})")
+            f"lerobot sees {total} episodes, {rows_} episode rows, {n} frames (committed: {want})"
+            + (f"; {past} uncommitted rows past len(ds), reachable only by an out-of-range index" if past else ""))
 
 
 def main() -> int:
