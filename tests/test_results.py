@@ -37,7 +37,7 @@ def test_every_record_has_the_run_record_fields_and_a_source():
     records = load_records(ROOT)
     assert len(records) >= 50
     for name, rec in records.items():
-        assert rec["kind"] in ("train", "eval", "refine", "bench"), name
+        assert rec["kind"] in ("train", "eval", "refine", "bench", "diagnose"), name
         assert isinstance(rec["metrics"], dict) and rec["metrics"], name
         # a record is either a run's own summary (commit and machine known) or says where it came from
         assert rec.get("source") or (rec["commit"] and rec["machine"]), name
