@@ -33,13 +33,15 @@ DIAGNOSES = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diagnose", help="break down how a policy's episodes end (pickplace-failures, tracking-failures)",
+    p = sub.add_parser("diagnose", help="break down how a policy's episodes end (pickplace-failures, tracking-failures); "
+                       "probe an encoder's frozen features (encoder-probe)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_subparsers(dest="what", metavar="WHAT")
     what.required = True
     for name, (_module, _cls, help_text) in DIAGNOSES.items():
         q = what.add_parser(name, help=help_text)
-        q.add_argument("--checkpoint", help="policy checkpoint directory")
+        if name != "encoder-probe":  # the probe reads frames and an encoder, no policy
+            q.add_argument("--checkpoint", help="policy checkpoint directory")
         q.add_argument("--episodes", type=int, help="episodes (seeds seed..seed+N-1)")
         q.add_argument("--seed", type=int, help="first episode seed (default: the evaluation seeds)")
         if name == "tracking-failures":

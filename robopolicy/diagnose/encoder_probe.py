@@ -55,8 +55,6 @@ class EncoderProbeConfig:
     """Inverse regularisation strength C of the logistic regression."""
     init_seed: int = 0
     """torch seed of the random-init baseline."""
-    checkpoint: str | None = None
-    """Unused (the command's common flag); the probe reads no policy."""
 
     def __post_init__(self):
         bad = [t for t in self.tasks if t not in TASKS]
