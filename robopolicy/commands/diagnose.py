@@ -43,7 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name != "encoder-probe":  # the probe reads frames and an encoder, no policy
             q.add_argument("--checkpoint", help="policy checkpoint directory")
         q.add_argument("--episodes", type=int, help="episodes (seeds seed..seed+N-1)")
-        q.add_argument("--seed", type=int, help="first episode seed (default: the evaluation seeds)")
+        q.add_argument("--seed", type=int, help="first episode seed (default: " +
+                       ("0" if name == "encoder-probe" else "the evaluation seeds") + ")")
         if name == "tracking-failures":
             q.add_argument("--split", help="PersonFollow split: stt, dt or at")
         q.add_argument("--out", help="also write <out>/" + name + ".json")
