@@ -187,10 +187,12 @@ def node_with(driver, source, **cfg) -> ControlNode:
 class Worker:
     """A policy worker process (hold policy) on ``endpoint``."""
 
-    def __init__(self, endpoint: str, key_file: str | None, policy: str = "hold"):
+    def __init__(self, endpoint: str, key_file: str | None, policy: str = "hold", encrypt: bool = False):
         cmd = [sys.executable, "-m", "robopolicy.deploy.worker", "--endpoint", endpoint, "--policy", policy]
         if key_file:
             cmd += ["--auth-key-file", key_file]
+        if encrypt:
+            cmd += ["--encrypt"]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         self.endpoint = endpoint
 
@@ -282,13 +284,24 @@ def link_attacks(wd: str) -> None:
 
 
 def keyed_attacks(wd: str) -> None:
+    keyed_attacks_on(wd, encrypt=False)  # what a local worker runs: a PLAIN handshake, then clear messages
+    keyed_attacks_on(wd, encrypt=True)  # what a worker on the network runs: CURVE
+
+
+def keyed_attacks_on(wd: str, encrypt: bool) -> None:
     key_file = os.path.join(wd, "key")
     Path(key_file).write_text(secrets.token_hex(32))
     key = Path(key_file).read_bytes().strip()
     port = free_port()
     ep = f"tcp://127.0.0.1:{port}"
-    worker = Worker(ep, key_file, policy="sine:amp=0.2")
-    node = PolicyClient(ep, key)
+    mode = "curve" if encrypt else "handshake"
+    enc = True if encrypt else None
+    worker = Worker(ep, key_file, policy="sine:amp=0.2", encrypt=encrypt)
+    node = PolicyClient(ep, key, encrypt=enc)
+
+    def row(name, *a, **kw):  # noqa: F811 - every row of this part names the mode
+        globals()["row"](f"{name} [{mode}]", *a, **kw)
+
     ctx = zmq.Context()
     log = ""
     try:
@@ -318,7 +331,7 @@ def keyed_attacks(wd: str) -> None:
         row("keyless [header] + [8 MiB] x 64, x3 (tcp lo)", peak - idle <= 50 and reply is not None, None,
             f"worker RSS {idle:.0f} -> peak {peak:.0f} MiB (+{peak - idle:.0f}, limit +50) over {took:.1f} s")
         # 2. a second peer (with the key) resets and steers
-        other = PolicyClient(ep, key)
+        other = PolicyClient(ep, key, encrypt=enc)
         other.send(Message("reset", 0, time.monotonic()))
         t0 = time.monotonic()
         r1 = ask(other, obs(1, 1.5))
@@ -351,18 +364,20 @@ def keyed_attacks(wd: str) -> None:
             up = socket.create_connection(("127.0.0.1", port))
             threading.Thread(target=pump, args=(up, conn, False), daemon=True).start()
             pump(conn, up, True)
+            up.close()
 
         threading.Thread(target=proxy, daemon=True).start()
-        via = PolicyClient(f"tcp://127.0.0.1:{proxy_port}", key)
+        via = PolicyClient(f"tcp://127.0.0.1:{proxy_port}", key, encrypt=enc)
         replies_before = [ask(via, obs(s, 0.0)) for s in (1, 2, 3)]
         via.close()
-        stream = b"".join(captured)
-        replayed_answers = 0
-        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
-            got = b""
-            for a_, b_ in ((0, 11), (11, 64), (64, len(stream))):
-                s.sendall(stream[a_:b_])
+        time.sleep(0.2)
+        calls_before = sum(1 for r in replies_before if r is not None)
+        got = b""
+        with socket.create_connection(("127.0.0.1", port), timeout=0.05) as s:
+            for chunk in captured:  # paced as the node sent it
                 try:
+                    s.sendall(chunk)
+                    time.sleep(0.02)
                     got += s.recv(1 << 16)
                 except OSError:
                     pass
@@ -371,14 +386,14 @@ def keyed_attacks(wd: str) -> None:
                 got += s.recv(1 << 16)
             except OSError:
                 pass
-            replayed_answers = got.count(b"chunk")
         lsock.close()
-        row("replay of captured traffic (no key)", all(replies_before) and replayed_answers == 0, None,
-            f"{len(stream)} bytes replayed; answers in clear: {replayed_answers}")
+        answers = got.count(b"chunk")
+        row("replay of captured traffic (no key)", calls_before == 3 and answers == 0, None,
+            f"{sum(map(len, captured))} bytes replayed; chunks answered: {answers}")
         # 4. a wrong key (or none) on the node: fails fast
         for label, node_key in (("a wrong key", b"w" * 32), ("no key", None)):
             drv = Arm()
-            src = PolicyWorkerSource(ep, None, node_key, insecure_loopback=True)
+            src = PolicyWorkerSource(ep, None, node_key, insecure_loopback=True, encrypt=enc)
             t0 = time.monotonic()
             n = node_with(drv, src)
             ok = wait_for(lambda: n.fault is not None, timeout=10)

@@ -2,9 +2,10 @@
 
 Request: a 96×96×3 uint8 frame plus a 6-float state (and the task string); reply: a (20, 6)
 float32 chunk. Ours: the real policy worker process (``hold`` policy) behind a PolicyServer,
-validated on both ends, over ipc (local default) and tcp://127.0.0.1, authenticated and encrypted
-with a shared key (CURVE, as a keyed deployment runs; ``--no-key``: the unauthenticated link,
-ipc and loopback tcp opted out). gRPC: a server process
+validated on both ends, over ipc (local default) and tcp://127.0.0.1, with a shared key: the
+local handshake (the key checked once per connection, as a worker on the robot's own computer
+runs) and CURVE (every message encrypted, as a worker across a network runs); ``--no-key``: the
+unauthenticated link (ipc, and loopback tcp opted out). gRPC: a server process
 with a generic handler and raw-bytes (de)serializers carrying the same bytes as our frames, and
 answering with pre-built reply bytes of our reply's size (no parsing: favours gRPC).
 
@@ -63,12 +64,13 @@ def serve_grpc(port: int, reply_bytes: int) -> None:
 class Ours:
     """The real policy worker process (``hold``) behind a PolicyServer, and a PolicyClient."""
 
-    def __init__(self, endpoint: str, key_file: str | None):
+    def __init__(self, endpoint: str, key_file: str | None, encrypt: bool = False):
         cmd = [sys.executable, "-m", "robopolicy.deploy.worker", "--endpoint", endpoint, "--policy", "hold"]
         cmd += ["--auth-key-file", key_file] if key_file else ["--insecure-loopback"]
+        cmd += ["--encrypt"] if encrypt else []
         self.proc = subprocess.Popen(cmd)
         key = open(key_file, "rb").read().strip() if key_file else None
-        self.client = PolicyClient(endpoint, key, insecure_loopback=key is None)
+        self.client = PolicyClient(endpoint, key, insecure_loopback=key is None, encrypt=encrypt or None)
         self.msg = _request()
         self.seq = 0
 
@@ -149,7 +151,7 @@ def main() -> None:
     load = os.getloadavg()
     print(f"round trip of {len(request)} request bytes / {reply_bytes} reply bytes, n={args.n}, interleaved in "
           f"blocks of {args.block}; {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-          f"{'no key' if args.no_key else 'keyed (CURVE)'}")
+          f"{'no key' if args.no_key else 'keyed'}")
     links: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rp-tr-") as wd:
         key_file = None
@@ -161,6 +163,8 @@ def main() -> None:
         try:
             links[f"ours zmq ipc{tag}"] = Ours(f"ipc://{wd}/b.sock", key_file)
             links[f"ours zmq tcp lo{tag}"] = Ours(f"tcp://127.0.0.1:{_free_port()}", key_file)
+            if key_file:  # what a worker across a network runs: every message encrypted
+                links["ours tcp lo +key CURVE"] = Ours(f"tcp://127.0.0.1:{_free_port()}", key_file, encrypt=True)
             links["gRPC unary (raw bytes)"] = Grpc(request, reply_bytes)
             rows = interleaved(links, args.n, args.warmup, args.block)
         finally:

@@ -67,9 +67,10 @@ class PolicyWorkerSource:
         silence_timeout: float = 2.0,
         obs_keys: Sequence[str] | None = None,
         insecure_loopback: bool = False,
+        encrypt: bool | None = None,
     ):
         self.endpoint, self.command, self.key = endpoint, list(command) if command else None, key
-        self.insecure_loopback = insecure_loopback
+        self.insecure_loopback, self.encrypt = insecure_loopback, encrypt
         self.request_period = 1.0 / float(request_hz)
         self.request_timeout, self.silence_timeout = float(request_timeout), float(silence_timeout)
         self.obs_keys = set(obs_keys) if obs_keys else None
@@ -88,7 +89,7 @@ class PolicyWorkerSource:
     def start(self) -> None:
         if self.command:
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL)
-        self.client = PolicyClient(self.endpoint, self.key, insecure_loopback=self.insecure_loopback)
+        self.client = PolicyClient(self.endpoint, self.key, insecure_loopback=self.insecure_loopback, encrypt=self.encrypt)
         # A worker may outlive a session (started elsewhere, or serving several runs): every
         # session starts from a fresh temporal context.
         self.client.send(Message("reset", 0, time.monotonic()))

@@ -58,6 +58,7 @@ class TransportConfig:
     endpoint: str | None = None  # None: a private ipc socket; tcp://HOST:PORT for a remote worker
     auth_key_file: str | None = None  # shared key (CURVE); required for every tcp:// endpoint
     insecure_loopback: bool = False  # allow tcp://127.0.0.1 without a key (any local user can connect)
+    encrypt: bool | None = None  # CURVE-encrypt messages; None: across a network only (see hardware.transport)
     spawn_worker: bool = True  # False: connect to a worker started elsewhere
     request_hz: float = 20.0  # observations sent to the worker per second (at most)
 
@@ -138,7 +139,10 @@ def build_node(cfg: RunConfig, workdir: str | None = None):
             command += ["--auth-key-file", tc.auth_key_file]
         if tc.insecure_loopback:
             command += ["--insecure-loopback"]
-    source = PolicyWorkerSource(endpoint, command, key, request_hz=tc.request_hz, insecure_loopback=tc.insecure_loopback)
+        if tc.encrypt:
+            command += ["--encrypt"]
+    source = PolicyWorkerSource(endpoint, command, key, request_hz=tc.request_hz, insecure_loopback=tc.insecure_loopback,
+                                encrypt=tc.encrypt)
     lc = rc.loop
     node_cfg = NodeConfig(rate_hz=rate, command_timeout=lc.command_timeout, startup_timeout=lc.startup_timeout,
                           driver_timeout=lc.driver_timeout, spin=lc.spin_us * 1e-6, fifo=lc.fifo,

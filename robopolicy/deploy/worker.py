@@ -350,16 +350,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m robopolicy.deploy.worker", description=__doc__.split("\n\n")[0])
     p.add_argument("--endpoint", required=True, help="ipc:///path or tcp://HOST:PORT to bind")
     p.add_argument("--policy", required=True, help="checkpoint directory or scripted spec (hold, sine, arc, replay:FILE)")
-    p.add_argument("--auth-key-file", help="file with the shared key (CURVE; required for tcp:// endpoints)")
+    p.add_argument("--auth-key-file", help="file with the shared key (required for tcp:// endpoints)")
     p.add_argument("--insecure-loopback", action="store_true",
                    help="allow tcp://127.0.0.1 without a key (any local user can then connect)")
+    p.add_argument("--encrypt", action="store_true",
+                   help="CURVE-encrypt a local endpoint too (network endpoints always are); the node must agree")
     p.add_argument("--max-sessions", type=int, default=1, help="nodes served at once, each with its own policy state")
     p.add_argument("--parent-pid", type=int, help="exit when this process is no longer our parent")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     key = Path(args.auth_key_file).read_bytes().strip() if args.auth_key_file else None
     policy = load_policy(args.policy)
-    server = PolicyServer(args.endpoint, key, insecure_loopback=args.insecure_loopback)
+    server = PolicyServer(args.endpoint, key, insecure_loopback=args.insecure_loopback, encrypt=args.encrypt or None)
     try:
         serve(server, policy, parent_pid=args.parent_pid, max_sessions=args.max_sessions)
     finally:
