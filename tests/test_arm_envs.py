@@ -450,10 +450,10 @@ def test_oracle_chunk_is_the_oracles_own_future_and_leaves_the_episode_as_it_was
     """The counterfactual chunk equals what the oracle then executes, and asking for it changes
     nothing in the episode (observations match an env that was never asked)."""
     from robopolicy.envs import EnvConfig
-    from robopolicy.refine.common import make_refine_env
+    from robopolicy.eval.envs import make_task_env
 
     cfg = EnvConfig(IDS["pickplace"], {"use_cameras": False, "env_state": True})
-    plain, asked = make_refine_env(cfg, oracle=True), make_refine_env(cfg, oracle=True, label_chunk=16)
+    plain, asked = make_task_env(cfg, oracle=True), make_task_env(cfg, oracle=True, label_chunk=16)
     (o0, i0), (o1, i1) = plain.reset(seed=5), asked.reset(seed=5)
     labels, chunks, done = [], [], False
     while not done:
@@ -471,7 +471,7 @@ def test_oracle_chunk_is_the_oracles_own_future_and_leaves_the_episode_as_it_was
         np.testing.assert_allclose(chunk, executed[j : j + 16][: len(chunk)], atol=1e-6)
         assert len(chunk) == min(16, len(executed) - j)  # shorter only where the episode ends
     with pytest.raises(ValueError, match="oracle_chunk"):
-        make_refine_env(EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt"}), oracle=True, label_chunk=4)
+        make_task_env(EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt"}), oracle=True, label_chunk=4)
     with pytest.raises(ValueError, match="lacks"):
         asked.unwrapped.set_state({"sim": np.zeros(3)})
 

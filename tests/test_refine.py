@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from robopolicy.envs import EnvConfig
+from robopolicy.eval.episodes import evaluate_success, tracking_metrics
+from robopolicy.models import load_policy
 from robopolicy.models.encoders import EncoderConfig
 from robopolicy.models.language import LanguageConfig
 from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
 from robopolicy.refine import dagger
-from robopolicy.refine.common import Curve, evaluate_success, tracking_metrics
-from robopolicy.refine.residual import BASE_DIR, ResidualConfig, ResidualPolicy, load_any_policy
+from robopolicy.refine.common import Curve
+from robopolicy.refine.residual import BASE_DIR, ResidualConfig, ResidualPolicy
 from robopolicy.rl import RewardScaler, gae, ppo_loss
 
 LOW, HIGH = -np.full(6, 20.0, np.float32), np.full(6, 20.0, np.float32)
@@ -100,7 +102,7 @@ def test_the_time_input_counts_each_rows_steps_since_its_reset(tmp_path):
     np.testing.assert_allclose(policy.residual_input(obs)[0][:, -1].numpy(), [0.3, 0.0, 0.3], atol=1e-6)
     # an untrained residual still reproduces the base exactly, the clock is saved as an input
     policy.save(tmp_path / "res")
-    again = load_any_policy(tmp_path / "res")
+    again = load_policy(tmp_path / "res")
     assert again.input_dims["time"] == 1 and again.config.time_horizon == 10
     policy.reset(), base.reset()
     chunk = base.predict(obs).numpy()
@@ -323,7 +325,7 @@ def test_dagger_filter_drops_unreliable_labels():
     every = ["target_lost", "near_collision", "pre_failure"]
     assert [dagger.keep(f, every) for f in (frame, lost, crash, before_fail, walled)] == [True, False, False, False, True]
     assert dagger.keep(occluded, every) and not dagger.keep(occluded, ["target_unseen"])
-    from robopolicy.refine.common import label_flags
+    from sim_envs.wrappers import label_flags
     seen = {"visible": True, "distance": 2.0, "lost_counter": 0, "min_person_distance": 2.0}
     assert label_flags({"metrics": seen}).tolist() == [0, 0, 0, 0]
     assert label_flags({"metrics": dict(seen, visible=False)}).tolist() == [0, 0, 1, 0]  # occluded, in range
@@ -361,12 +363,12 @@ def test_dagger_filter_drops_unreliable_labels():
 def test_recoverability_probe_flags_only_the_states_the_oracle_cannot_save():
     """A robot that stands still loses its target; the probe asks, for each of the last states,
     whether the oracle taking over there would have kept it. Asking must not change the episode."""
-    from robopolicy.refine.common import make_refine_env
+    from robopolicy.eval.envs import make_task_env
 
     cfg = EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt", "image_size": 32})
     ends = []
     for window in (0, 15):
-        env = make_refine_env(cfg, oracle=True, probe_window=window, probe_horizon=20)
+        env = make_task_env(cfg, oracle=True, probe_window=window, probe_horizon=20)
         env.reset(seed=1)
         for steps in range(1, 300):
             _, _, term, trunc, info = env.step(np.zeros(2, np.float32))
@@ -382,7 +384,7 @@ def test_recoverability_probe_flags_only_the_states_the_oracle_cannot_save():
     assert flags.shape == (15,) and flags[-1] == 1.0 and flags[0] == 0.0  # saved early, doomed late
     assert np.all(np.diff(flags) >= 0)  # once the oracle cannot save it, later states are lost too
     with pytest.raises(ValueError, match="oracle_recovers"):
-        make_refine_env(EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False}), oracle=True, probe_window=5)
+        make_task_env(EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False}), oracle=True, probe_window=5)
 
 
 def _still_waypoint_policy():
@@ -468,7 +470,7 @@ def test_rpd_bc_term_pulls_the_student_toward_the_teacher(tmp_path):
     with torch.no_grad():
         teacher.actor[-1].bias.fill_(0.5)  # constant teacher: 0.5 in normalized units on every joint
     summary = rpd.train(cfg, teacher=teacher, log=lambda s: None)
-    student = load_any_policy(summary["checkpoint"])
+    student = load_policy(summary["checkpoint"])
     assert student.input_dims == {"state": obs_space_dims["state_dim"], "environment_state": obs_space_dims["env_state_dim"]}
     x = torch.randn(64, sum(student.input_dims.values()))
     with torch.no_grad():
@@ -497,7 +499,7 @@ def test_bad_inputs_give_clear_errors(tmp_path):
 
     shutil.rmtree(ckpt / BASE_DIR)
     with pytest.raises(PolicyError, match="base policy is missing"):
-        load_any_policy(ckpt)
+        load_policy(ckpt)
 
 
 def test_combined_checkpoint_round_trips_and_runs_in_eval(tmp_path):
@@ -507,8 +509,8 @@ def test_combined_checkpoint_round_trips_and_runs_in_eval(tmp_path):
     obs = obs_batch()
     ref = [policy.predict(obs) for _ in range(4)]
     ckpt = policy.save(tmp_path / "refined")
-    loaded = load_any_policy(ckpt)
-    assert isinstance(loaded, ResidualPolicy) and isinstance(load_any_policy(ckpt / BASE_DIR), Policy)
+    loaded = load_policy(ckpt)
+    assert isinstance(loaded, ResidualPolicy) and isinstance(load_policy(ckpt / BASE_DIR), Policy)
     loaded.reset()
     for r in ref:
         torch.testing.assert_close(loaded.predict(obs), r)
@@ -580,7 +582,7 @@ def test_chunk_actor_predicts_chunks_round_trips_and_runs_in_eval(tmp_path):
     assert not torch.allclose(chunk[:, 0], chunk[:, 1])  # four different actions, not one repeated
     x = policy.norm(policy.residual_input(obs)[0])
     assert policy.dist(x).mean.shape == (3, 24)
-    loaded = load_any_policy(policy.save(tmp_path / "chunk"))
+    loaded = load_policy(policy.save(tmp_path / "chunk"))
     torch.testing.assert_close(loaded.predict(obs), chunk)
 
     from robopolicy.eval import EvalConfig, evaluate
@@ -595,7 +597,7 @@ def _smdp_gae(records, tail, lam):
     """Reference semi-MDP GAE written over each env's decision records: ``R`` the discounted reward
     over the steps a decision's actions ran, ``g`` the discount to the next decision (γ^steps),
     ``tail[i]`` the value after env i's last decision; λ applied once per decision (at λ = 1 the
-    same as refine.common.gae's λ^k trace)."""
+    same as robopolicy.rl.gae's λ^k trace)."""
     flat, adv, ret = [], [], []
     for i, recs in enumerate(records):
         a_next, v_next = 0.0, float(tail[i])
@@ -654,11 +656,11 @@ def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
                          actor_lr=3e-3, bc_weight=10.0, target_kl=1e3, eval_every=10_000, eval_episodes=1, eval_envs=1,
                          out_dir=str(tmp_path / "rpd"), progress=False, student=student)
     summary = rpd.train(rcfg, teacher=teacher.eval(), log=lambda s: None)
-    learned = load_any_policy(summary["checkpoint"])
-    assert learned.horizon == 4 and load_any_policy(summary["best_checkpoint"]).horizon == 4
-    from robopolicy.refine.common import make_refine_env
+    learned = load_policy(summary["checkpoint"])
+    assert learned.horizon == 4 and load_policy(summary["best_checkpoint"]).horizon == 4
+    from robopolicy.eval.envs import make_task_env
 
-    probe = make_refine_env(env, privileged=True)
+    probe = make_task_env(env, privileged=True)
     obs = [probe.reset(seed=s)[0] for s in (5, 6)]  # states like the visited ones
     probe.close()
     obs = {k: np.stack([o[k] for o in obs]) for k in ("observation.state", "observation.environment_state")}
@@ -671,17 +673,17 @@ def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
     errs = {}
     for warmup in (0, 10**6):
         rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.out_dir = 1e-9, warmup, str(tmp_path / f"rpd{warmup}")
-        learned = load_any_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
+        learned = load_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
         errs[warmup] = ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean()
     assert errs[0] > 0.2 and errs[10**6] < 0.5 * errs[0]  # untrained: 0.3
     # once PPO has joined the actor learns at ppo_actor_lr: 0 leaves the untrained student as it is
     rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.ppo_actor_lr, rcfg.out_dir = 1e3, 0, 0.0, str(tmp_path / "lr0")
-    frozen = load_any_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
+    frozen = load_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
     assert ((frozen.predict(obs) - target) / torch.as_tensor(half)).abs().mean() > 0.25
     rcfg.ppo_actor_lr = None
     # the BC term may sample an aggregate of past rollouts' states (bc_buffer) instead
     rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.bc_buffer, rcfg.out_dir = 1e3, 0, 300, str(tmp_path / "buf")
-    learned = load_any_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
+    learned = load_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
     assert ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean() < 0.1
     with pytest.raises(PolicyError, match="chunk policy checkpoint"):
         rpd.train(rcfg, teacher=ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8]), so101.JOINT_LOW,
@@ -993,7 +995,7 @@ def test_a_second_stage_starts_from_the_saved_residual_with_its_own_schedules(tm
         num_steps=128, eval_every=1024, eval_episodes=2, eval_envs=1, anneal_lr=True, final_log_std=-1.5,
         out_dir=str(tmp_path / "one"), progress=False)
     first = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
-    saved = load_any_policy(first["checkpoint"])
+    saved = load_policy(first["checkpoint"])
     # four updates, the last one after 768 of 1024 steps: -0.5 + 0.75 * (-1.5 - -0.5)
     np.testing.assert_allclose(saved.log_std.detach().numpy(), [-1.25, -1.25], atol=1e-6)
     assert saved.actor[-1].weight.abs().max() > 0  # it moved off the zero residual
@@ -1043,8 +1045,8 @@ def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_pat
     assert [s for s, _ in rows] == [6_000, 12_000]
     assert summary["best"] == max(sr for _, sr in rows) >= summary["after"]
     assert summary["best_env_steps"] == next(s for s, sr in rows if sr == summary["best"])
-    assert isinstance(load_any_policy(summary["best_checkpoint"]), ResidualPolicy)
-    loaded = load_any_policy(summary["checkpoint"])
+    assert isinstance(load_policy(summary["best_checkpoint"]), ResidualPolicy)
+    loaded = load_policy(summary["checkpoint"])
     assert isinstance(loaded, ResidualPolicy) and loaded.base is not None
     with pytest.raises(ValueError, match="needs a base"):
         residual_td3.build_policy(residual_td3.ResidualTD3Config(env=cfg.env))

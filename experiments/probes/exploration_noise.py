@@ -50,7 +50,7 @@ class NoiseBenchConfig:
 
 
 def main(argv: list[str]) -> int:
-    from robopolicy.refine.common import evaluate_success
+    from robopolicy.eval.episodes import evaluate_success
     from robopolicy.refine.residual_ppo import ResidualPPOConfig, build_policy, env_kwargs
 
     cfg = load_config(NoiseBenchConfig, None, argv)

@@ -89,7 +89,7 @@ class FailureBenchConfig:
 def main(argv: list[str]) -> int:
     from pathlib import Path
 
-    from robopolicy.refine.common import make_refine_env
+    from robopolicy.eval.envs import make_task_env
     from robopolicy.models.loading import checkpoint_type, load_policy
     from robopolicy.refine.residual_ppo import ResidualPPOConfig, build_policy, env_kwargs
 
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     if (cfg.counterfactual or cfg.grasp_offsets) and cfg.release != "none":
         raise SystemExit("counterfactual=true and grasp_offsets=true replay the policy's own episodes: use them "
                          "with release=none")
-    env = make_refine_env(rcfg.env, **env_kwargs(rcfg))
+    env = make_task_env(rcfg.env, **env_kwargs(rcfg))
     high = float(env.action_space.high[5])
     arm = None
     centring = is_residual and bool(policy.config.tcp)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from robopolicy.envs import EnvConfig
-from robopolicy.refine.common import NEAR_PERSON
+from sim_envs.wrappers import NEAR_PERSON
 
 KINDS = ("success", "ended unsuccessful", "lost", "collision: target", "collision: other person",
          "collision: obstacle or wall")

@@ -11,8 +11,9 @@
   :mod:`~robopolicy.refine.adapters`) and its checkpoint, which ``robopolicy.models.load_policy`` loads;
   :mod:`~robopolicy.refine.residual_run`: what residual PPO and residual TD3 share.
 - :mod:`~robopolicy.refine.stages`: residual PPO in stages from one command.
-- :mod:`~robopolicy.refine.common`: rollout envs and evaluation (from :mod:`robopolicy.eval`),
-  curves, the saved run config; :mod:`~robopolicy.refine.summary`: the run's ``summary.json``.
+- :mod:`~robopolicy.refine.common`: the run options every method shares, curves, the saved run
+  config; :mod:`~robopolicy.refine.summary`: the run's ``summary.json``.
 
-The PPO update, GAE, the actor-critic and the running statistics are :mod:`robopolicy.rl`'s.
+The PPO update, GAE, the actor-critic and the running statistics are :mod:`robopolicy.rl`'s; rollout
+envs and the evaluation loop :mod:`robopolicy.eval`'s; the task wrappers :mod:`sim_envs.wrappers`'.
 """

@@ -1,28 +1,18 @@
-"""Pieces shared by the refinement loops: rollout envs, evaluation, curves (the RL pieces, PPO
-and GAE, are in :mod:`robopolicy.rl`).
+"""Pieces shared by the refinement loops: the run options every method's config has, the saved run
+config and the success curve.
 
-Rollout envs are ``gymnasium`` vector envs of task envs (:func:`robopolicy.eval.envs.make_task_envs`:
-the task wrapped in ``sim_envs.wrappers``' reward mode, privileged state and oracle labels), with
-same-step autoreset: the observation returned with ``done`` is already the next episode's first one.
-Evaluations run robopolicy eval's loop (:func:`robopolicy.eval.episodes.evaluate_success`).
+The other shared pieces live with their owners: rollout envs and the evaluation loop in
+:mod:`robopolicy.eval` (:func:`robopolicy.eval.envs.make_task_envs`,
+:func:`robopolicy.eval.episodes.evaluate_success`), the task wrappers (reward mode, privileged
+state, oracle labels) in :mod:`sim_envs.wrappers`, PPO and GAE in :mod:`robopolicy.rl`.
 """
 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-
-
-from robopolicy.envs import EnvConfig  # noqa: F401
-# rollout envs and evaluation live in robopolicy.eval (the task wrappers in sim_envs.wrappers);
-# refinement calls them
-from robopolicy.eval.envs import make_task_env as make_refine_env  # noqa: F401
-from robopolicy.eval.envs import make_task_envs as make_vector_envs  # noqa: F401
-from robopolicy.eval.envs import single_spaces, step_while  # noqa: F401
-from robopolicy.eval.episodes import EvalResult, evaluate_success, tracking_metrics  # noqa: F401
-from sim_envs.wrappers import ENV_STATE, LABEL_FLAGS, NEAR_OBSTACLE, NEAR_PERSON, label_flags, privileged_state  # noqa: F401
 
 
 @dataclass

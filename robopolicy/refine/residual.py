@@ -47,7 +47,6 @@ from torch import nn
 from hardware.control.chunking import ChunkExecutor
 from robopolicy.config import build, to_dict
 from robopolicy.data.features import ENV_STATE
-from robopolicy.models.loading import load_policy as load_any_policy  # noqa: F401 - moved to robopolicy.models
 from robopolicy.models.loading import read_typed_config
 from robopolicy.models.policy import CONFIG_FILE, STATE, Policy, PolicyError
 from robopolicy.refine.adapters import TCP_ARMS, GripperSwitch, JointOffset, ToolPointOffset

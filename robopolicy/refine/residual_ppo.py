@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from robopolicy.config import ConfigError
-from robopolicy.refine.common import Curve, make_vector_envs
+from robopolicy.eval.envs import make_task_envs
+from robopolicy.refine.common import Curve
 from robopolicy.refine.residual import ResidualPolicy, init_from
 from robopolicy.refine.residual_run import (ResidualRunConfig, build_policy, env_kwargs, evaluate,  # noqa: F401
                                             periodic_evaluation)
@@ -164,7 +165,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     curve.add(0, before.success, seconds=time.perf_counter() - t0)
     log(f"[refine] before: success {before.success:.1%} ({before.episodes} episodes)")
 
-    envs = make_vector_envs(cfg.env, cfg.num_envs, **env_kwargs(cfg))
+    envs = make_task_envs(cfg.env, cfg.num_envs, **env_kwargs(cfg))
     scaler = RewardScaler(cfg.num_envs, cfg.gamma, cfg.reward_clip)
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(cfg.num_envs)])
     policy.reset()

@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from robopolicy.data.features import ENV_STATE
 from robopolicy.envs import EnvConfig
-from robopolicy.refine.common import Curve, EvalResult, RefineRunOptions, evaluate_success, single_spaces
-from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy
+from robopolicy.eval.envs import single_spaces
+from robopolicy.eval.episodes import EvalResult, evaluate_success
+from robopolicy.refine.common import Curve, RefineRunOptions
+from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
 
 
 @dataclass

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from robopolicy.refine.common import Curve, make_vector_envs, step_while
+from robopolicy.eval.envs import make_task_envs, step_while
+from robopolicy.refine.common import Curve
 from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
 from robopolicy.refine.residual_run import (ResidualRunConfig, build_policy as build_residual, env_kwargs, evaluate,
                                             periodic_evaluation)
@@ -246,7 +247,7 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
     curve.add(0, before.success, seconds=time.perf_counter() - t0)
     log(f"[refine] before: success {before.success:.1%} ({before.episodes} episodes)")
 
-    envs = make_vector_envs(cfg.env, n, **env_kwargs(cfg))
+    envs = make_task_envs(cfg.env, n, **env_kwargs(cfg))
     pending = OpenTransitions(n, policy.norm.mean.shape[0], a_dim, cfg.gamma)
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(n)])
     policy.reset()

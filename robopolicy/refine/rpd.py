@@ -29,11 +29,14 @@ import numpy as np
 import torch
 
 from hardware.control.chunking import ChunkExecutor
+from robopolicy.data.features import ENV_STATE
 from robopolicy.envs import EnvConfig
-from robopolicy.models.policy import PolicyError
-from robopolicy.refine.common import Curve, RefineRunOptions, evaluate_success, make_vector_envs, single_spaces
+from robopolicy.eval.envs import make_task_envs, single_spaces
+from robopolicy.eval.episodes import evaluate_success
 from robopolicy.models import load_policy
-from robopolicy.refine.residual import ENV_STATE, ResidualConfig, ResidualPolicy, init_from
+from robopolicy.models.policy import PolicyError
+from robopolicy.refine.common import Curve, RefineRunOptions
+from robopolicy.refine.residual import ResidualConfig, ResidualPolicy, init_from
 from robopolicy.refine.summary import write_refine_summary
 from robopolicy.rl import PPOSettings, RewardScaler, gae, ppo_update
 from robopolicy.rl.ppo import Batch, normalize_advantages
@@ -271,7 +274,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
                                       torch.optim.Adam(params["critic"], lr=cfg.critic_lr, eps=1e-5)],
               RewardScaler(cfg.num_envs, cfg.gamma, cfg.reward_clip), ChunkExecutor("chunk", n_envs=cfg.num_envs),
               cfg.bc_weight)
-    envs = make_vector_envs(cfg.env, cfg.num_envs, **kw)
+    envs = make_task_envs(cfg.env, cfg.num_envs, **kw)
     obs, _ = envs.reset(seed=[cfg.seed + i for i in range(cfg.num_envs)])
     student.reset(), teacher_wrap.reset()
     env_steps, next_eval = 0, cfg.eval_every
@@ -363,9 +366,9 @@ def _bc_loss(mean: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
 def _latency_ms(policy: ResidualPolicy, cfg: RPDConfig, kw: dict, calls: int = 30) -> float:
     """Mean ms of one batch-1 ``predict`` on a real observation, every call running the model
     (the teacher re-plans its chunk each call: the cost of one closed-loop decision)."""
-    from robopolicy.refine.common import make_refine_env
+    from robopolicy.eval.envs import make_task_env
 
-    env = make_refine_env(cfg.env, **kw)
+    env = make_task_env(cfg.env, **kw)
     try:
         obs, _ = env.reset(seed=cfg.eval_seed)
         batch = {k: (np.asarray(v)[None] if k != "task" else [v]) for k, v in obs.items()}
