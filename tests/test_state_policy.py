@@ -263,6 +263,8 @@ def test_dagger_chunk_labels_from_the_oracles_own_rollout(trained):
 def test_dagger_run_counts_its_counterfactual_steps(trained, tmp_path):
     from robopolicy.envs import EnvConfig
     from robopolicy.refine import dagger
+    from robopolicy.refine.summary import read_refine_summary
+    from robopolicy.utils.records import read_summary
 
     counts = {}
     for mode in ("along", "oracle"):
@@ -271,6 +273,9 @@ def test_dagger_run_counts_its_counterfactual_steps(trained, tmp_path):
                                   filter=[], chunk_labels=mode, finetune_steps=2, batch_size=4, eval_episodes=1,
                                   eval_envs=1, out_dir=str(tmp_path / mode), progress=False)
         summary = dagger.train(cfg, log=lambda m: None)
+        record = read_summary(tmp_path / mode)  # the run record, the method's summary its metrics
+        assert record["kind"] == "refine" and record["seeds"] == [cfg.seed] and record["episodes"] == 1
+        assert read_refine_summary(tmp_path / mode)["counterfactual_steps"] == summary["counterfactual_steps"]
         counts[mode] = summary["counterfactual_steps"]
         assert summary["env_steps"] == 12
         assert summary["device"] == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -44,7 +44,6 @@ where the labels brake or turn away).
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from robopolicy.eval.envs import make_task_envs
 from robopolicy.eval.episodes import EvalResult, evaluate_success
 from robopolicy.models.policy import Policy, PolicyError
 from robopolicy.refine.common import Curve, RefineRunOptions
+from robopolicy.refine.summary import write_refine_summary
 from sim_envs.wrappers import LABEL_FLAGS
 
 FILTERS = (*LABEL_FLAGS, "pre_failure", "unrecoverable")
@@ -413,7 +413,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     waypoints = policy.horizon if policy.output == "waypoints" else None
     out = Path(cfg.out_dir)
     curve = Curve(out, "curve")
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     before = evaluate(policy, cfg, waypoints)
     curve.add(0, before.success, **before.metrics)
     log(f"[dagger] before: success {before.success:.1%} {before.metrics}; fine-tuning on {device}")
@@ -468,5 +468,5 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
                **curve.best_summary(above=before.success),
                "seconds": time.perf_counter() - t0, "seconds_by_phase": seconds, "device": str(device),
                "checkpoint": str(out / "final")}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_refine_summary(cfg, summary, started)
     return summary
