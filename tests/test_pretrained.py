@@ -178,14 +178,14 @@ def test_encoder_probe_command_writes_its_record(tmp_path, capsys):
     from robopolicy.cli import main
 
     out = tmp_path / "probe"
-    rc = main(["diagnose", "encoder-probe", "--episodes", "12", "--out", str(out), "tasks=[cube]", "image_size=32",
+    rc = main(["diagnose", "encoder-probe", "--episodes", "12", "--out", str(out), "tasks=[person, cube]", "image_size=32",
                "encoder.image_size=32", "encoder.stage=3", "grid=2"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "| cube | " in text and "pretrained" in text
+    assert "| cube | " in text and "| person | 2 | " in text
     record = json.loads((out / "summary.json").read_text())
     assert record["kind"] == "diagnose" and record["diagnosis"] == "encoder-probe"
-    assert set(record["metrics"]) == {"cube_pretrained", "cube_random", "cube_majority"}
+    assert set(record["metrics"]) == {f"{t}_{k}" for t in ("person", "cube") for k in ("pretrained", "random", "majority")}
     assert all(0.0 <= v <= 1.0 for v in record["metrics"].values())
     with pytest.raises(ConfigError, match="not encoder.weights"):
         from robopolicy.diagnose.encoder_probe import EncoderProbeConfig

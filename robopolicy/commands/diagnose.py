@@ -27,7 +27,8 @@ DIAGNOSES = {
                           "how a PersonFollow policy's episodes end (lost, collisions by kind) and whether "
                           "the oracle could still have saved them"),
     "encoder-probe": ("robopolicy.diagnose.encoder_probe", "EncoderProbeConfig",
-                      "linear probe of frozen encoder features on sim frames (shirt, cube colour): "
+                      "linear probe of frozen encoder features on sim frames (shirt colour, person or "
+                      "background, cube colour): "
                       "pretrained weights against a random init"),
 }
 

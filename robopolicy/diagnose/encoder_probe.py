@@ -10,6 +10,9 @@ simulator's state:
 
 - ``shirt``: PersonFollow (``stt``), the shirt colour of the target, the person nearest the
   image centre at the start (10 colours; other people may be in view);
+- ``person``: PersonFollow (``stt``, the target alone), person or background: every other episode
+  the robot is turned away (by pi +- 0.8 rad, else by up to +-0.5 rad) before one standing step,
+  and the label is whether the target is visible then (the simulator's ray test);
 - ``cube``: ArmPickPlace with one cube and one bowl, the cube's colour (front camera; the bowl
   has another colour).
 
@@ -23,6 +26,7 @@ than random ones are the evidence that the weights are what they claim.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -30,7 +34,7 @@ import numpy as np
 
 from robopolicy.models.encoders import EncoderConfig
 
-TASKS = ("shirt", "cube")
+TASKS = ("shirt", "person", "cube")
 
 
 @dataclass
@@ -42,7 +46,7 @@ class EncoderProbeConfig:
     weights: str = "imagenet"
     """The weights probed: ``imagenet`` (packaged) or a local file; a random init is the baseline."""
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
-    """Which labels to probe: shirt (PersonFollow), cube (ArmPickPlace)."""
+    """Which labels to probe: shirt, person (PersonFollow), cube (ArmPickPlace)."""
     episodes: int = 200
     """Frames per task (one per episode, seeds seed..seed+N-1)."""
     seed: int = 0
@@ -79,15 +83,21 @@ def render_frames(task: str, episodes: int, seed: int, image_size: int, progress
     register_envs()
     if task == "shirt":
         env = gymnasium.make("robopolicy/PersonFollow-v0", split="stt", image_size=image_size)
+    elif task == "person":
+        env = gymnasium.make("robopolicy/PersonFollow-v0", split="stt", image_size=image_size, num_others=0)
     else:
         env = gymnasium.make("robopolicy/ArmPickPlace-v0", image_size=image_size, num_cubes=1, num_bowls=1)
     frames, labels = [], []
     try:
         for i in range(episodes):
             obs, info = env.reset(seed=seed + i)
+            if task == "person":
+                obs, info = _turned(env, i, np.random.default_rng(seed + i))
             frames.append(obs["observation.images.front"])
             if task == "shirt":
                 labels.append(env.unwrapped.scenario.people[0].shirt)
+            elif task == "person":
+                labels.append("person" if info["target_visible"] else "background")
             else:
                 labels.append(info["cube_colors"][0])
             if progress and (i + 1) % 50 == 0:
@@ -95,6 +105,19 @@ def render_frames(task: str, episodes: int, seed: int, image_size: int, progress
     finally:
         env.close()
     return np.stack(frames), np.asarray(labels)
+
+
+def _turned(env, i: int, rng: np.random.Generator):
+    """Turn a freshly reset PersonFollow robot (away from the target on odd ``i``) and take one
+    standing step; returns that step's observation and info."""
+    state = env.unwrapped.get_state()
+    turn = math.pi + rng.uniform(-0.8, 0.8) if i % 2 else rng.uniform(-0.5, 0.5)
+    robot = np.array(state["_robot"], dtype=np.float64)
+    robot[2] += turn
+    state["_robot"] = robot.astype(np.asarray(state["_robot"]).dtype)
+    env.unwrapped.set_state(state)
+    obs, _reward, _terminated, _truncated, info = env.step(np.zeros(2, np.float32))
+    return obs, info
 
 
 def encode(encoder_cfg: EncoderConfig, frames: np.ndarray, grid: int, batch: int = 32) -> np.ndarray:
