@@ -68,7 +68,7 @@ class TeleopSource:
         self._target: np.ndarray | None = None  # operator's latest target
         self._target_new = False
         self._base: np.ndarray | None = None  # delta devices integrate from here (reset at hand-over)
-        self._events: list[str] = []
+        self._events: list[tuple[str, float]] = []
         self._thread: threading.Thread | None = None
         self._running = threading.Event()
         self.problem: str | None = None
@@ -211,8 +211,9 @@ class TeleopSource:
             self.policy.close()
 
     # -- recording loop API ----------------------------------------------------------------
-    def take_events(self) -> list[str]:
-        """Events since the last call, in order (save, rerecord, discard, stop, success, failure)."""
+    def take_events(self) -> list[tuple[str, float]]:
+        """``(event, time of the read)`` since the last call, in order (save, rerecord, discard,
+        stop, success, failure)."""
         with self._lock:
             out, self._events = self._events, []
         return out
@@ -242,7 +243,11 @@ class TeleopSource:
             if "toggle" in reading.events:
                 self._toggled = not self._toggled
             self._held = "intervene" in reading.events
-            self._events.extend(e for e in reading.events if e not in ("intervene", "toggle"))
+            t = reading.t or time.monotonic()
+            # one read's events in the order they act: a mark, then what ends the episode, then stop
+            order = {"success": 0, "failure": 0, "stop": 2}
+            self._events.extend((e, t) for e in sorted(reading.events, key=lambda e: order.get(e, 1))
+                                if e not in ("intervene", "toggle"))
             base = self._base
         if base is None and self._state is not None:
             base = self._state.copy()

@@ -1,0 +1,2 @@
+"""Teleoperation on the learning side: recording sessions (``robopolicy teleop``), interventions
+over a running policy, and HG-DAgger refinement from them."""
