@@ -48,7 +48,7 @@ def gym_eval(args) -> list[bool]:
     policy = load_policy(args.checkpoint)
     cfg = EvalConfig(checkpoint=args.checkpoint, env=EnvConfig(args.env), episodes=args.episodes,
                      workers=args.workers, seed=args.seed, videos=0, threads=1, progress=True,
-                     out_dir=str(Path(args.out) / "gym"))
+                     out=str(Path(args.out) / "gym"))
     if args.base:
         cfg.splits = [args.split]
     else:

@@ -32,7 +32,7 @@
 4. Latency per chunk at batch 1 on the CPU, same image size: ACT ``predict_action_chunk``,
    Diffusion one chunk generation, ours ``predict`` (encoder included).
 
-Prints one table plus ratios against ACT and writes ``<out_dir>/vs_lerobot.json``.
+Prints one table plus ratios against ACT and writes ``<out>/vs_lerobot.json``.
 Goals (issue 4): our latency <= 0.25x ACT's, our training samples/s >= 10x ACT's, our success >= ACT's.
 """
 
@@ -97,7 +97,7 @@ class BenchConfig:
     ours: dict[str, Any] = field(default_factory=dict)
     """Overrides of our ``TrainConfig`` (e.g. ``{model: {horizon: 16}}``)."""
     threads: int = 2
-    out_dir: str = "outputs/bench/vs_lerobot"
+    out: str = "outputs/bench/vs_lerobot"
 
 
 # --------------------------------------------------------------------------- dataset
@@ -270,7 +270,7 @@ def train_ours(cfg: BenchConfig, root: Path) -> dict[str, Any]:
     from robopolicy.train import TrainConfig, train
 
     base = {
-        "name": "vs_lerobot", "out": str(Path(cfg.out_dir) / "ours"), "overwrite": True, "progress": False,
+        "name": "vs_lerobot", "out": str(Path(cfg.out) / "ours"), "overwrite": True, "progress": False,
         "batch_size": cfg.batch_size, "save_every": 0, "log_every": 20, "threads": cfg.threads,
         "data": {"dataset": str(root), "features": {"cameras": camera_names(cfg.camera)}},
     }
@@ -361,7 +361,7 @@ def evaluate_policy(name: str, entry: dict[str, Any], cfg: BenchConfig) -> dict[
         policy = LerobotEvalPolicy(entry["policy"], entry["pre"], entry["post"], cfg.camera)
         chunk = ChunkConfig(mode="chunk", steps_per_chunk=1)
     ecfg = EvalConfig(env=cfg.env, episodes=episodes, workers=min(cfg.eval_workers, episodes), seed=cfg.seed,
-                      image_size=None if cfg.camera == "none" else cfg.image_size, chunk=chunk, videos=1, out_dir=str(Path(cfg.out_dir) / f"eval_{name}"),
+                      image_size=None if cfg.camera == "none" else cfg.image_size, chunk=chunk, videos=1, out=str(Path(cfg.out) / f"eval_{name}"),
                       checkpoint=name)
     report = evaluate(policy, ecfg)
     return report.splits[0].summary
@@ -379,7 +379,7 @@ def main(argv: list[str]) -> int:
     if cfg.lerobot_amp not in ("none", "bf16"):
         raise SystemExit(f"lerobot_amp must be 'none' or 'bf16', got {cfg.lerobot_amp!r}")
     torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out_dir)
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     root = ensure_dataset(cfg)
     obs = sample_observation(cfg)

@@ -62,7 +62,7 @@ class ArcPolicy:
 
 def arm_cfg(tmp_path, **kw) -> EvalConfig:
     base = dict(env=EnvConfig("robopolicy/ArmReach-v0", {"max_steps": 12}), episodes=3, workers=1, videos=0,
-                out_dir=str(tmp_path / "eval"), image_size=32, progress=False)
+                out=str(tmp_path / "eval"), image_size=32, progress=False)
     base.update(kw)
     return EvalConfig(**base)
 
@@ -118,7 +118,7 @@ def test_policy_reset_per_row_or_in_waves(tmp_path):
 
 def test_person_follow_waypoints_go_through_the_follower_and_tracking_metrics(tmp_path):
     cfg = EvalConfig(env=EnvConfig("robopolicy/PersonFollow-v0", {"max_steps": 25}), splits=["stt", "dt"], episodes=2,
-                     workers=1, videos=1, out_dir=str(tmp_path / "pf"), image_size=32, render_size=48, progress=False)
+                     workers=1, videos=1, out=str(tmp_path / "pf"), image_size=32, render_size=48, progress=False)
     report = evaluate(ArcPolicy(v=0.0), cfg, log=lambda m: None)
     assert [s.split for s in report.splits] == ["stt", "dt"]
     for split in report.splits:
@@ -176,7 +176,7 @@ def test_any_gymnasium_env_through_the_mapping(tmp_path):
                          task="turn the knob", action_scale=[2.0])
     policy = ConstantPolicy([1.0], horizon=1)
     cfg = EvalConfig(env=EnvConfig("test/Knob-v0"), episodes=2, videos=0, mapping=mapping,
-                     out_dir=str(tmp_path), progress=False)
+                     out=str(tmp_path), progress=False)
     rep = evaluate(policy, cfg, log=lambda m: None)
     s = rep.splits[0].summary
     assert s["success_rate"] == 1.0 and s["mean_steps_to_success"] == 1.0 and s["mean_return"] == 2.0

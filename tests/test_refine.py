@@ -460,7 +460,7 @@ def test_rpd_bc_term_pulls_the_student_toward_the_teacher(tmp_path):
     env = EnvConfig("robopolicy/ArmReach-v0", {"use_cameras": False, "max_steps": 20})
     cfg = rpd.RPDConfig(env=env, total_env_steps=512, num_envs=1, num_steps=128, update_epochs=20, minibatches=2,
                         actor_lr=3e-3, bc_weight=10.0, target_kl=10.0, eval_every=10_000, eval_episodes=1, eval_envs=1,
-                        out_dir=str(tmp_path / "rpd"), progress=False,
+                        out=str(tmp_path / "rpd"), progress=False,
                         student=ResidualConfig(inputs=["state", "environment_state"], hidden=[32], log_std=-2.0))
     obs_space_dims = dict(state_dim=6, env_state_dim=17)  # ArmReach: ArmEnv.env_state_dim
     from sim_envs.arm import so101
@@ -654,7 +654,7 @@ def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
     student = ResidualConfig(inputs=["state", "environment_state"], hidden=[32], log_std=-2.0, chunk=4)
     rcfg = rpd.RPDConfig(env=env, total_env_steps=512, num_envs=1, num_steps=128, update_epochs=20, minibatches=2,
                          actor_lr=3e-3, bc_weight=10.0, target_kl=1e3, eval_every=10_000, eval_episodes=1, eval_envs=1,
-                         out_dir=str(tmp_path / "rpd"), progress=False, student=student)
+                         out=str(tmp_path / "rpd"), progress=False, student=student)
     summary = rpd.train(rcfg, teacher=teacher.eval(), log=lambda s: None)
     learned = load_policy(summary["checkpoint"])
     assert learned.horizon == 4 and load_policy(summary["best_checkpoint"]).horizon == 4
@@ -672,17 +672,17 @@ def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
     # moves) unless PPO has not joined yet: the BC warm-up is not cut short by the PPO's KL check
     errs = {}
     for warmup in (0, 10**6):
-        rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.out_dir = 1e-9, warmup, str(tmp_path / f"rpd{warmup}")
+        rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.out = 1e-9, warmup, str(tmp_path / f"rpd{warmup}")
         learned = load_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
         errs[warmup] = ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean()
     assert errs[0] > 0.2 and errs[10**6] < 0.5 * errs[0]  # untrained: 0.3
     # once PPO has joined the actor learns at ppo_actor_lr: 0 leaves the untrained student as it is
-    rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.ppo_actor_lr, rcfg.out_dir = 1e3, 0, 0.0, str(tmp_path / "lr0")
+    rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.ppo_actor_lr, rcfg.out = 1e3, 0, 0.0, str(tmp_path / "lr0")
     frozen = load_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
     assert ((frozen.predict(obs) - target) / torch.as_tensor(half)).abs().mean() > 0.25
     rcfg.ppo_actor_lr = None
     # the BC term may sample an aggregate of past rollouts' states (bc_buffer) instead
-    rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.bc_buffer, rcfg.out_dir = 1e3, 0, 300, str(tmp_path / "buf")
+    rcfg.target_kl, rcfg.bc_warmup_steps, rcfg.bc_buffer, rcfg.out = 1e3, 0, 300, str(tmp_path / "buf")
     learned = load_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
     assert ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean() < 0.1
     with pytest.raises(PolicyError, match="chunk policy checkpoint"):
@@ -730,7 +730,7 @@ def test_ppo_from_scratch_learns_a_task_with_a_known_answer(tmp_path, kl_stop):
     cfg = residual_ppo.ResidualPPOConfig(env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
                                          residual=ResidualConfig(inputs=["state"], hidden=[64, 64], log_std=-0.5),
                                          total_env_steps=12_000, num_envs=2, num_steps=256, eval_every=12_000,
-                                         eval_episodes=50, eval_envs=1, kl_stop=kl_stop, out_dir=str(tmp_path / "ppo"),
+                                         eval_episodes=50, eval_envs=1, kl_stop=kl_stop, out=str(tmp_path / "ppo"),
                                          progress=False)
     summary = residual_ppo.train(cfg, log=lambda s: None)
     assert summary["before"] <= 0.1 and summary["after"] >= 0.8
@@ -755,7 +755,7 @@ def test_refine_saves_its_resolved_config_that_reruns_the_same_run(tmp_path, cap
     saved = out / "refine_config.yaml"
     assert saved.read_text().startswith("# robopolicy refine --method ppo")
     again = load_config(ResidualPPOConfig, saved)
-    expected = load_config(ResidualPPOConfig, src, ["env.id=robopolicy/PointReach-v0", f"out_dir={out}",
+    expected = load_config(ResidualPPOConfig, src, ["env.id=robopolicy/PointReach-v0", f"out={out}",
                                                     "progress=false", *argv[-7:]])
     assert to_dict(again) == to_dict(expected)
     assert (again.seed, again.gamma, again.residual.hidden, again.num_steps) == (7, 0.5, [16], 128)
@@ -779,14 +779,15 @@ def test_stages_chain_runs_each_from_the_last_and_goes_on_after_a_stop(tmp_path,
         return residual_ppo.ResidualPPOConfig(
             env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
             residual=ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5), total_env_steps=1024, num_envs=2,
-            num_steps=256, eval_every=512, eval_episodes=8, eval_envs=1, out_dir=str(tmp_path / "chain"),
+            num_steps=256, eval_every=512, eval_episodes=8, eval_envs=1, out=str(tmp_path / "chain"),
             progress=False, stages=[{"total_env_steps": 512, "actor_lr": 1e-4, "residual": {"log_std": -1.0},
                                      **stage2}])
 
     cfg = chain()
     with pytest.raises(ConfigError, match="runs through robopolicy.refine.stages"):
         residual_ppo.train(cfg, log=lambda s: None)
-    for bad, match in (({"out_dir": "x"}, r"stage 2 \(stages\[0\]\): 'out_dir' is set by the chain"),
+    for bad, match in (({"out": "x"}, r"stage 2 \(stages\[0\]\): 'out' is set by the chain"),
+                       ({"out_dir": "x"}, r"stage 2 \(stages\[0\]\): 'out_dir' is set by the chain"),
                        ({"residual": {"hiden": [8]}}, r"stage 2 \(stages\[0\]\): unknown key 'residual.hiden'")):
         with pytest.raises(ConfigError, match=match):
             stages.train(chain(**bad), "ppo", log=lambda s: None)
@@ -829,7 +830,7 @@ def test_stages_keep_their_own_seeds_and_the_rest_take_the_first_stages(tmp_path
     def chain(seed):
         return residual_ppo.ResidualPPOConfig(
             env=EnvConfig("robopolicy/PointReach-v0"), residual=ResidualConfig(inputs=["state"]), seed=seed,
-            out_dir=str(tmp_path / "chain"), stages=[{"total_env_steps": 512}, {"gamma": 0.8, "seed": 8}])
+            out=str(tmp_path / "chain"), stages=[{"total_env_steps": 512}, {"gamma": 0.8, "seed": 8}])
 
     assert [c.seed for c in stages.stage_configs(chain(0))] == [0, 0, 8]
     assert [c.seed for c in stages.stage_configs(chain(10))] == [10, 10, 8]
@@ -853,13 +854,13 @@ def test_rpd_student_surpasses_its_teacher_with_the_reward(tmp_path):
     cfg = rpd.RPDConfig(env=EnvConfig("robopolicy/PointReach-v0"), student=student, reward="dense",
                         total_env_steps=16_384, num_envs=2, num_steps=512, minibatches=1, update_epochs=10,
                         bc_weight=0.1, bc_decay=0.5, bc_min=0.0, target_kl=0.1, eval_every=16_384, eval_episodes=50,
-                        eval_envs=1, out_dir=str(tmp_path / "rpd"), progress=False)
+                        eval_envs=1, out=str(tmp_path / "rpd"), progress=False)
     summary = rpd.train(cfg, teacher=point_teacher(), log=lambda s: None)
     assert summary["teacher_success"] <= 0.1 and summary["student_after"] >= 0.7
     rows = (tmp_path / "rpd" / "curve.csv").read_text().splitlines()
     assert rows[0].split(",")[-1] == "train_success" and len(rows) == 3
     # a later run may start from this student; another architecture is refused
-    cfg.init_student, cfg.total_env_steps, cfg.out_dir = summary["checkpoint"], 1024, str(tmp_path / "again")
+    cfg.init_student, cfg.total_env_steps, cfg.out = summary["checkpoint"], 1024, str(tmp_path / "again")
     again = rpd.train(cfg, teacher=point_teacher(), log=lambda s: None)
     assert again["student_before"] >= 0.7
     cfg.student = ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5, chunk=4)
@@ -973,11 +974,11 @@ def test_residual_ppo_with_chunk_decisions_learns_a_task_with_a_known_answer(tmp
         residual=ResidualConfig(inputs=["state", "base_action"], hidden=[64, 64], log_std=-0.5, scale=1.0,
                                 execute_steps=4, decision="chunk"),
         total_env_steps=16_000, num_envs=2, num_steps=256, eval_every=16_000, eval_episodes=50, eval_envs=1,
-        out_dir=str(tmp_path / "ppo"), progress=False)
+        out=str(tmp_path / "ppo"), progress=False)
     summary = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
     assert summary["before"] <= 0.1 and summary["after"] >= 0.8
     # a second stage started from this residual starts where it ended, not at the base
-    cfg.init_residual, cfg.total_env_steps, cfg.out_dir = summary["checkpoint"], 512, str(tmp_path / "stage2")
+    cfg.init_residual, cfg.total_env_steps, cfg.out = summary["checkpoint"], 512, str(tmp_path / "stage2")
     again = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
     assert again["before"] == summary["after"]
 
@@ -993,7 +994,7 @@ def test_a_second_stage_starts_from_the_saved_residual_with_its_own_schedules(tm
     cfg = residual_ppo.ResidualPPOConfig(
         env=EnvConfig("robopolicy/PointReach-v0"), reward="dense", residual=res, total_env_steps=1024, num_envs=2,
         num_steps=128, eval_every=1024, eval_episodes=2, eval_envs=1, anneal_lr=True, final_log_std=-1.5,
-        out_dir=str(tmp_path / "one"), progress=False)
+        out=str(tmp_path / "one"), progress=False)
     first = residual_ppo.train(cfg, policy=residual_ppo.build_policy(cfg, base=point_teacher()), log=lambda s: None)
     saved = load_policy(first["checkpoint"])
     # four updates, the last one after 768 of 1024 steps: -0.5 + 0.75 * (-1.5 - -0.5)
@@ -1033,7 +1034,7 @@ def test_residual_td3_learns_a_sparse_task_over_a_base_that_does_nothing(tmp_pat
     cfg = residual_td3.ResidualTD3Config(
         env=EnvConfig("robopolicy/PointReach-v0"), reward="sparse", residual=res, total_env_steps=12_000, num_envs=2,
         learning_starts=500, updates_per_decision=2, batch_size=128, critic_hidden=[64, 64], eval_every=6_000,
-        eval_episodes=50, eval_envs=1, out_dir=str(tmp_path / "td3"), progress=False)
+        eval_episodes=50, eval_envs=1, out=str(tmp_path / "td3"), progress=False)
     base = residual_ppo.build_policy(residual_ppo.ResidualPPOConfig(env=cfg.env, residual=res), base=point_teacher())
     summary = residual_td3.train(cfg, policy=base, log=lambda s: None)
     assert summary["before"] <= 0.1 and summary["after"] >= 0.8  # 96-98% over seeds 0-2
@@ -1069,7 +1070,7 @@ def test_residual_td3_critic_warmup_keeps_the_actor_at_the_base(tmp_path):
     kw = dict(env=EnvConfig("robopolicy/PointReach-v0"), residual=res, total_env_steps=1_200, num_envs=1,
               learning_starts=50, updates_per_decision=1, batch_size=32, critic_hidden=[32], eval_every=1_200,
               eval_episodes=4, eval_envs=1, progress=False)
-    cfg = residual_td3.ResidualTD3Config(**kw, critic_warmup=10_000, out_dir=str(tmp_path / "warm"))
+    cfg = residual_td3.ResidualTD3Config(**kw, critic_warmup=10_000, out=str(tmp_path / "warm"))
     policy = residual_ppo.build_policy(residual_ppo.ResidualPPOConfig(env=cfg.env, residual=res), base=point_teacher())
     head = [p.detach().clone() for p in policy.actor.parameters()]
     summary = residual_td3.train(cfg, policy=policy, log=lambda s: None)
@@ -1077,7 +1078,7 @@ def test_residual_td3_critic_warmup_keeps_the_actor_at_the_base(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(head, policy.actor.parameters()))
     assert summary["after"] == summary["before"]
     # without the warm-up the same run trains the actor
-    cfg = residual_td3.ResidualTD3Config(**kw, out_dir=str(tmp_path / "cold"))
+    cfg = residual_td3.ResidualTD3Config(**kw, out=str(tmp_path / "cold"))
     policy = residual_ppo.build_policy(residual_ppo.ResidualPPOConfig(env=cfg.env, residual=res), base=point_teacher())
     head = [p.detach().clone() for p in policy.actor.parameters()]
     residual_td3.train(cfg, policy=policy, log=lambda s: None)

@@ -129,7 +129,7 @@ def test_a_refine_run_writes_its_summary_as_a_run_record(tmp_path):
     cfg = residual_ppo.ResidualPPOConfig(env=EnvConfig("robopolicy/PointReach-v0"), reward="dense",
                                          residual=ResidualConfig(inputs=["state"], hidden=[8]), total_env_steps=64,
                                          num_envs=1, num_steps=32, update_epochs=1, eval_every=64, eval_episodes=2,
-                                         eval_envs=1, seed=3, out_dir=str(tmp_path / "ppo"), progress=False)
+                                         eval_envs=1, seed=3, out=str(tmp_path / "ppo"), progress=False)
     summary = residual_ppo.train(cfg, log=lambda s: None)
     record = read_summary(tmp_path / "ppo")
     assert record["kind"] == "refine" and record["seeds"] == [3] and record["episodes"] == 2

@@ -92,7 +92,7 @@ def test_a_camera_free_policy_trains_predicts_and_evaluates(trained, tmp_path):
 
     # eval makes the env without cameras and with the scene state, from the checkpoint alone
     cfg = EvalConfig(env=EnvConfig(PP, {"max_steps": 10}), episodes=2, workers=1, videos=0,
-                     out_dir=str(tmp_path / "eval"), progress=False)
+                     out=str(tmp_path / "eval"), progress=False)
     kwargs = split_env_config(cfg, None, policy).kwargs
     assert kwargs["use_cameras"] is False and kwargs["env_state"] is True
     report = evaluate(policy, cfg, log=lambda m: None, save=False)
@@ -173,7 +173,7 @@ def test_a_locator_turns_the_trained_actor_into_a_policy_that_runs_from_cameras(
     assert isinstance(policy, ModularPolicy) and policy.actor.config.env_state_dim == 6
     assert observation_needs(policy) == (True, False)
     ecfg = EvalConfig(env=EnvConfig(PP, {"max_steps": 6}), episodes=1, workers=1, videos=0,
-                      out_dir=str(tmp_path / "eval"), progress=False)
+                      out=str(tmp_path / "eval"), progress=False)
     kwargs = split_env_config(ecfg, None, policy).kwargs
     assert "use_cameras" not in kwargs and "env_state" not in kwargs and kwargs["image_size"] == 96
     report = evaluate(policy, ecfg, log=lambda m: None, save=False)
@@ -201,7 +201,7 @@ def test_dagger_relabels_a_modular_policys_locator_with_the_envs_scene_label(mod
     base = ModularPolicy.load(modular.final)
     cfg = dagger.DAggerConfig(env=EnvConfig(PP, {"max_steps": 8}), base=str(modular.final), iterations=2,
                               steps_per_iteration=10, num_envs=1, filter=[], max_states=12, finetune_steps=4, batch_size=4,
-                              lr=1e-2, eval_episodes=1, eval_envs=1, out_dir=str(tmp_path / "dagger"), progress=False)
+                              lr=1e-2, eval_episodes=1, eval_envs=1, out=str(tmp_path / "dagger"), progress=False)
     frames = dagger.collect(base, cfg, 0.5, np.random.default_rng(0), None, "label.goal_rel")
     scene = np.stack([f["scene"] for f in frames])
     assert scene.shape == (len(frames), 6) and len(frames) >= 10
@@ -271,7 +271,7 @@ def test_dagger_run_counts_its_counterfactual_steps(trained, tmp_path):
         cfg = dagger.DAggerConfig(env=EnvConfig(PP, {"use_cameras": False, "env_state": True, "max_steps": 12}),
                                   base=str(trained.final), iterations=1, steps_per_iteration=12, num_envs=1,
                                   filter=[], chunk_labels=mode, finetune_steps=2, batch_size=4, eval_episodes=1,
-                                  eval_envs=1, out_dir=str(tmp_path / mode), progress=False)
+                                  eval_envs=1, out=str(tmp_path / mode), progress=False)
         summary = dagger.train(cfg, log=lambda m: None)
         record = read_summary(tmp_path / mode)  # the run record, the method's summary its metrics
         assert record["kind"] == "refine" and record["seeds"] == [cfg.seed] and record["episodes"] == 1
@@ -296,7 +296,7 @@ def test_dagger_refuses_a_device_that_is_not_there_before_rolling_out(trained, t
     monkeypatch.setattr(dagger, "collect", lambda *a, **k: pytest.fail("rolled out before checking the device"))
     cfg = dagger.DAggerConfig(env=EnvConfig(PP, {"use_cameras": False, "env_state": True, "max_steps": 12}),
                               base=str(trained.final), iterations=1, steps_per_iteration=12, num_envs=1, filter=[],
-                              device="cuda", eval_episodes=1, eval_envs=1, out_dir=str(tmp_path / "run"),
+                              device="cuda", eval_episodes=1, eval_envs=1, out=str(tmp_path / "run"),
                               progress=False)
     with pytest.raises(TrainError, match="CUDA is not available"):
         dagger.train(cfg, log=lambda m: None)

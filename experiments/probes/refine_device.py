@@ -9,7 +9,7 @@ in ``devices`` (default: ``cpu``, then ``cuda`` when there is one), and prints p
 clock of the rollouts (env workers and the oracle's labels, always on the CPU), of fine-tuning (on
 the device), and of the evaluations, the fine-tuning steps per second, and the success after, then
 the ratio of each phase to the first device's (the anchor). Each run writes its checkpoint and
-summary under ``out_dir/<device>``.
+summary under ``out/<device>``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class DeviceBenchConfig:
     """Devices in order (the first is the anchor); empty: ``cpu``, and ``cuda`` when available."""
     threads: int = 0
     """Torch threads of each run (0: the config's)."""
-    out_dir: str = "outputs/probes/refine_device"
+    out: str = "outputs/probes/refine_device"
 
 
 def main(argv: list[str]) -> int:
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
         extra = [f"threads={cfg.threads}"] if cfg.threads > 0 else []
         run = load_config(dagger.DAggerConfig, cfg.config,
                           [f"base={cfg.base}", *cfg.overrides, *extra, f"device={device}",
-                           f"out_dir={cfg.out_dir}/{device.replace(':', '')}"])
+                           f"out={cfg.out}/{device.replace(':', '')}"])
         name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else f"{os.cpu_count()} cores"
         print(f"[device] {device} ({name}): {run.iterations} iterations x {run.steps_per_iteration} states, "
               f"{run.finetune_steps} fine-tuning steps each, threads {run.threads}", flush=True)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from robopolicy.config import ConfigError, current_key, load_config, load_yaml, parse_overrides
+from robopolicy.config import ConfigError, load_config, load_yaml, parse_overrides
 from robopolicy.eval.config import EvalConfig
 
 
@@ -45,7 +45,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
     for flag, key in (("checkpoint", "checkpoint"), ("env", "env.id"), ("episodes", "episodes"),
                       ("workers", "workers"), ("seed", "seed"), ("videos", "videos"),
-                      ("out", current_key(EvalConfig, "out"))):
+                      ("out", "out")):
         value = getattr(args, flag)
         if value is not None:
             out.append(f"{key}={value}")
@@ -137,10 +137,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = load_config(EvalConfig, args.config, _overrides(args))
     if not cfg.checkpoint:
         raise ConfigError("no checkpoint: give --checkpoint DIR (or checkpoint: in the config)")
-    out_key = current_key(EvalConfig, "out")
     if not _out_given(args):
-        setattr(cfg, out_key, str(default_out(cfg.checkpoint)))
-    out = getattr(cfg, out_key)
+        cfg.out = str(default_out(cfg.checkpoint))
+    out = cfg.out
     if _env_given(args):
         from robopolicy.envs import resolve_env_id
 

@@ -25,10 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from robopolicy.data.collect import CollectConfig
-from robopolicy.config import current_key
 from robopolicy.eval.config import EvalConfig
 
-EVAL_OUT = current_key(EvalConfig, "out")
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 
@@ -82,8 +80,8 @@ def resolve_paths(cfg: QuickstartConfig) -> QuickstartConfig:
         cfg.train.out = str(out / "train")
     if not cfg.train.data.dataset:
         cfg.train.data.dataset = cfg.collect.out
-    if getattr(cfg.eval, EVAL_OUT) == getattr(EvalConfig(), EVAL_OUT):
-        setattr(cfg.eval, EVAL_OUT, str(out / "eval"))
+    if cfg.eval.out == EvalConfig().out:
+        cfg.eval.out = str(out / "eval")
     if cfg.eval.env.id == EvalConfig().env.id and not cfg.eval.env.kwargs:
         cfg.eval.env = cfg.collect.env
     if cfg.eval.image_size is None:
@@ -193,7 +191,7 @@ def run_quickstart(cfg: QuickstartConfig, log: Callable[[str], None] = print) ->
     cfg.eval.checkpoint = str(result.final)
     splits = cfg.eval.split_list()
     t = _stage(3, f"evaluate {cfg.eval.episodes} episodes x {len(splits)} split(s) of {cfg.eval.env.id} "
-                  f"with {cfg.eval.workers} worker(s) -> {getattr(cfg.eval, EVAL_OUT)}", log)
+                  f"with {cfg.eval.workers} worker(s) -> {cfg.eval.out}", log)
     policy = load_policy(result.final, cfg.eval.device)
     report = evaluate(policy, cfg.eval, log=log)
     timings["eval_s"] = time.perf_counter() - t
@@ -209,7 +207,7 @@ def run_quickstart(cfg: QuickstartConfig, log: Callable[[str], None] = print) ->
         "train": {"steps": result.steps, "samples_per_s": result.samples_per_s,
                   "first_loss": result.first_losses.get("total"), "last_loss": result.last_losses.get("total")},
         "timings_s": timings,
-        "files": {"eval_table": str(Path(getattr(cfg.eval, EVAL_OUT)) / "eval.md"), "metrics_plot": str(plot) if plot else None,
+        "files": {"eval_table": str(Path(cfg.eval.out) / "eval.md"), "metrics_plot": str(plot) if plot else None,
                   "loss_plot": str(loss_plot) if loss_plot.exists() else None, "videos": videos,
                   "checkpoint": str(result.final)},
     }

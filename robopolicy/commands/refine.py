@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from robopolicy.config import ConfigError, current_key
+from robopolicy.config import ConfigError
 
 METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "rpd")
 NEEDS_BASE = {"residual-ppo": " (or use --method ppo)", "residual-td3": "", "dagger": "", "rpd": " (the teacher)"}
@@ -73,7 +73,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     if args.split:
         out.append(f"env.kwargs.split={args.split}")
     if args.out:
-        out.append(f"{current_key(config_class(args.method), 'out')}={args.out}")
+        out.append(f"out={args.out}")
     if args.no_progress:
         out.append("progress=false")
     return out + list(args.overrides)
@@ -155,5 +155,5 @@ def cmd_refine(args: argparse.Namespace) -> int:
         other = ", ".join(f"{k} {v:.3f}" for k, v in (row[2] if len(row) > 2 else {}).items())
         print(f"| {row[0]} | {100 * row[1]:.1f}% | {other} |")
     print(f"\n{extra}\nenv steps {s['env_steps']}, {s['seconds']:.0f} s; checkpoint {s['checkpoint']}; "
-          f"curve {getattr(cfg, current_key(type(cfg), 'out'))}/curve.png")
+          f"curve {cfg.out}/curve.png")
     return 0

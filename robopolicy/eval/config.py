@@ -127,7 +127,7 @@ class EvalConfig:
     threads: int = 0
     """torch CPU threads for the policy (0: torch's default). With env workers sharing a small
     CPU, 1 avoids oversubscription."""
-    out_dir: str = "outputs/eval"
+    out: str = "outputs/eval"
     progress: bool = True
 
     def __post_init__(self) -> None:

@@ -120,7 +120,7 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
     label = env_cfg.label()
     n = cfg.episodes
     seeds = [cfg.seed + i for i in range(n)]
-    video_dir = Path(cfg.out_dir) / "videos"
+    video_dir = Path(cfg.out) / "videos"
     slug = label.replace("[", "_").replace("]", "")
     videos = {seeds[i]: str(video_dir / f"{slug}_ep{i:03d}_seed{seeds[i]}.mp4") for i in range(min(cfg.videos, n))}
     spec = EvalEnvSpec(env=env_cfg, mapping=cfg.mapping, waypoints=_follower_waypoints(cfg, runner), videos=videos,
@@ -173,7 +173,7 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
 
 def evaluate(policy: Any, cfg: EvalConfig, log: Callable[[str], None] = print, save: bool = True) -> EvalReport:
     """Evaluate ``policy`` on every split of ``cfg``; writes ``eval.json``, ``eval.md`` and videos
-    under ``cfg.out_dir`` when ``save``."""
+    under ``cfg.out`` when ``save``."""
     import torch
 
     from robopolicy.config import to_dict
@@ -185,8 +185,8 @@ def evaluate(policy: Any, cfg: EvalConfig, log: Callable[[str], None] = print, s
     splits = [run_split(runner, cfg, split, log) for split in cfg.split_list()]
     report = EvalReport(env_id=cfg.env.id, checkpoint=cfg.checkpoint, seed=cfg.seed, splits=splits, config=to_dict(cfg))
     if save:
-        report.save(cfg.out_dir)
-        write_summary(cfg.out_dir, kind="eval", config=cfg, seeds=[cfg.seed],
+        report.save(cfg.out)
+        write_summary(cfg.out, kind="eval", config=cfg, seeds=[cfg.seed],
                       episodes=sum(len(s.episodes) for s in splits), started_at=started,
                       metrics={s.split or s.label: s.summary for s in splits},
                       extra={"env_id": cfg.env.id, "checkpoint": cfg.checkpoint,

@@ -29,14 +29,14 @@ class RefineRunOptions:
     """Seed of torch, of the learner and of the training envs (env ``i`` resets with ``seed + i``)."""
     threads: int = 1
     """Torch threads of the learner (0: torch's default)."""
-    out_dir: str = "outputs/refine/run"
+    out: str = "outputs/refine/run"
     """Where the run writes its curve, checkpoints and ``summary.json``."""
     progress: bool = True
     """Show a progress bar."""
 
 
 def save_run_config(method: str, cfg) -> Path:
-    """``<out_dir>/refine_config.yaml``: every setting of a run as resolved (config file, overrides,
+    """``<out>/refine_config.yaml``: every setting of a run as resolved (config file, overrides,
     defaults), so ``robopolicy refine --method M --config <it>`` runs it again. Written whole or
     not at all, before the run starts."""
     import json
@@ -48,7 +48,7 @@ def save_run_config(method: str, cfg) -> Path:
 
     text = (f"# robopolicy refine --method {method} --config <this file> runs it again\n"
             + yaml.safe_dump(json.loads(json.dumps(to_dict(cfg))), sort_keys=False))
-    return atomic_write_text(Path(cfg.out_dir) / "refine_config.yaml", text)
+    return atomic_write_text(Path(cfg.out) / "refine_config.yaml", text)
 
 
 class Curve:

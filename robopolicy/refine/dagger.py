@@ -129,7 +129,7 @@ class DAggerConfig(RefineRunOptions):
     time), so the policy moves to the device for each fine-tuning phase and back after it."""
     steps_per_chunk: int | None = None
     """Actions executed per predicted chunk (``None``: the whole chunk; waypoints: 1)."""
-    out_dir: str = "outputs/refine/dagger"
+    out: str = "outputs/refine/dagger"
 
     def __post_init__(self):
         bad = [f for f in self.filter if f not in FILTERS]
@@ -396,8 +396,8 @@ def evaluate(policy, cfg: DAggerConfig, waypoints: int | None) -> EvalResult:
 
 
 def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) -> dict:
-    """Run DAgger; returns a summary and saves the refined policy under ``out_dir/final`` (the
-    last iteration's) and ``out_dir/best`` (the best evaluated, when it beats the base)."""
+    """Run DAgger; returns a summary and saves the refined policy under ``out/final`` (the
+    last iteration's) and ``out/best`` (the best evaluated, when it beats the base)."""
     from tqdm.auto import tqdm
 
     from robopolicy.models.loading import load_policy
@@ -411,7 +411,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     policy = policy or load_policy(cfg.base)
     trainee, scene_label = resolve_learner(policy, cfg.learner)
     waypoints = policy.horizon if policy.output == "waypoints" else None
-    out = Path(cfg.out_dir)
+    out = Path(cfg.out)
     curve = Curve(out, "curve")
     t0, started = time.perf_counter(), time.time()
     before = evaluate(policy, cfg, waypoints)

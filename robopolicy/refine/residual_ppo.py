@@ -152,7 +152,7 @@ def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Cal
     np.random.seed(cfg.seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    out, started = Path(cfg.out_dir), time.time()
+    out, started = Path(cfg.out), time.time()
     policy = policy or build_policy(cfg)
     if cfg.init_residual:
         init_from(policy, cfg.init_residual, "init_residual")

@@ -38,7 +38,7 @@ class ResidualRunConfig(RefineRunOptions):
     steps); a chunk decision of k steps discounts by γ^k."""
     eval_every: int = 4_000
     """Evaluate every this many env steps (and before training, and at the end)."""
-    out_dir: str = "outputs/refine/residual_ppo"
+    out: str = "outputs/refine/residual_ppo"
     """Where the curve, ``best/``, ``final/`` and ``summary.json`` go."""
 
 
@@ -84,7 +84,7 @@ def periodic_evaluation(policy: ResidualPolicy, cfg: ResidualRunConfig, curve: C
     log(f"[refine] {env_steps} env steps: success {res.success:.1%} "
         f"(sampled, training: {train_sr:.1%} of {window[0]}{more})")
     if curve.is_best():
-        policy.save(Path(cfg.out_dir) / "best")
+        policy.save(Path(cfg.out) / "best")
     window[:] = [0, 0]
     # evaluation used the policy's queues: the training rows plan their chunks afresh, but their
     # episodes go on: keep their step counts

@@ -68,7 +68,7 @@ class ResidualTD3Config(ResidualRunConfig):
     """Target-policy smoothing, in residual units (before ``residual.scale``)."""
     residual_penalty: float = 0.1
     """Actor loss weight of the mean squared residual: stay at the base unless the critic says better."""
-    out_dir: str = "outputs/refine/residual_td3"
+    out: str = "outputs/refine/residual_td3"
 
     def __post_init__(self):
         for key in ("total_env_steps", "num_envs", "buffer_size", "batch_size", "policy_delay", "eval_every",
@@ -232,7 +232,7 @@ def train(cfg: ResidualTD3Config, policy: ResidualPolicy | None = None, log: Cal
     rng = np.random.default_rng(cfg.seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    out, started = Path(cfg.out_dir), time.time()
+    out, started = Path(cfg.out), time.time()
     policy = policy or build_policy(cfg)
     if policy.base is None or policy.config.bound <= 0:
         raise ValueError("residual TD3 needs a base policy and residual.bound > 0")

@@ -98,7 +98,7 @@ class RPDConfig(RefineRunOptions):
     max_grad_norm: float = 1.0
     reward_clip: float = 5.0
     eval_every: int = 4_000
-    out_dir: str = "outputs/refine/rpd"
+    out: str = "outputs/refine/rpd"
 
 
 def count_parameters(module: torch.nn.Module) -> int:
@@ -258,7 +258,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
         torch.set_num_threads(cfg.threads)
     started = time.time()
     student, teacher_wrap, kw = build(cfg, teacher)
-    out = Path(cfg.out_dir)
+    out = Path(cfg.out)
     curve = Curve(out, "curve")
     t0 = time.perf_counter()
 
@@ -320,7 +320,7 @@ def _summary(cfg: RPDConfig, student: ResidualPolicy, teacher: ResidualPolicy, t
             "student_after": curve.rows[-1]["success"], "teacher_params": n_teacher,
             "student_best": best.pop("best"), **best, "student_params": n_student,
             "latency_ms": latency, "latency_ratio": latency["teacher"] / max(latency["student"], 1e-9),
-            "checkpoint": str(Path(cfg.out_dir) / "final"), "size_ratio": n_teacher / n_student}
+            "checkpoint": str(Path(cfg.out) / "final"), "size_ratio": n_teacher / n_student}
 
 
 def _stepper(policy) -> tuple[Callable[[dict], np.ndarray], Callable[[list[int] | None], None]]:

@@ -7,17 +7,17 @@ from pathlib import Path
 
 
 def write_refine_summary(cfg, metrics: dict, started: float) -> Path:
-    """``<out_dir>/summary.json``: the run record (:mod:`robopolicy.utils.records`: commit, config
+    """``<out>/summary.json``: the run record (:mod:`robopolicy.utils.records`: commit, config
     digest, seeds, machine, wall time; episodes: those of each evaluation) with the method's own
     summary as its metrics."""
     from robopolicy.utils.records import write_summary
 
-    return write_summary(cfg.out_dir, kind="refine", config=cfg, seeds=[cfg.seed],
+    return write_summary(cfg.out, kind="refine", config=cfg, seeds=[cfg.seed],
                          episodes=cfg.eval_episodes, metrics=metrics, started_at=started)
 
 
 def read_refine_summary(out_dir: str | Path) -> dict | None:
-    """The method's summary (the record's metrics) of a finished run in ``out_dir``; ``None`` when
+    """The method's summary (the record's metrics) of a finished run in ``out``; ``None`` when
     none finished there. A summary written before runs wrote records is the method's summary itself."""
     import json
 
