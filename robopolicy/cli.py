@@ -42,7 +42,7 @@ def split_overrides(extra: list[str], accepts_overrides: bool) -> tuple[list[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from robopolicy.commands import collect, dataset, diagnose, quickstart, refine, results, run, sim, teleop, train
+    from robopolicy.commands import collect, dataset, diagnose, quickstart, refine, results, run, serve, sim, teleop, train
     from robopolicy.commands import eval as eval_cmd
 
     parser = argparse.ArgumentParser(
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_parser(sub)
     diagnose.add_parser(sub)
     results.add_parser(sub)
+    serve.add_parser(sub)
     teleop.add_parser(sub)
     return parser
 
