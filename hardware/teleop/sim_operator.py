@@ -44,7 +44,7 @@ class OperatorStep:
 
 
 class SimOperator:
-    def __init__(self, oracle: Any, dt: float, seed: int | None = None, reaction: tuple[float, float] = (0.15, 0.30),
+    def __init__(self, oracle: Any, dt: float, seed: int | None = None, action_space: Any = None, reaction: tuple[float, float] = (0.15, 0.30),
                  noise: float = 0.05, lapse_rate: float = 0.02, lapse_s: float = 2.0, disagree: float = 0.25,
                  patience: int = 3, min_progress: float = 0.0, stall_steps: int = 0, min_drive_s: float = 0.5,
                  max_drive_s: float = 5.0):
@@ -56,7 +56,7 @@ class SimOperator:
         self.disagree, self.patience = float(disagree), int(patience)
         self.min_progress, self.stall_steps = float(min_progress), int(stall_steps)
         self.min_drive_s, self.max_drive_s = float(min_drive_s), float(max_drive_s)
-        space = oracle.action_space
+        space = action_space if action_space is not None else oracle.action_space
         self.low, self.high = np.asarray(space.low, float), np.asarray(space.high, float)
         self.half = np.where(np.isfinite(self.high - self.low), 0.5 * (self.high - self.low), 1.0)
         self.takeovers = self.labels = self.lapses = 0
@@ -73,7 +73,8 @@ class SimOperator:
 
     def reset(self, obs: Mapping[str, Any], info: Mapping[str, Any]) -> None:
         self.reset_episode()
-        self.oracle.reset(obs, info)
+        if self.oracle is not None:
+            self.oracle.reset(obs, info)
 
     def _gap(self, a: np.ndarray, b: np.ndarray) -> float:
         return float(np.mean(np.abs((np.asarray(a, float) - np.asarray(b, float)) / self.half)))
@@ -87,9 +88,11 @@ class SimOperator:
                 stalled = self._progress[0] - self._progress[-1] < self.min_progress
         return self._bad >= self.patience or stalled
 
-    def step(self, obs: Mapping[str, Any], info: Mapping[str, Any], proposal: np.ndarray) -> OperatorStep:
-        """The operator's move at this step, given the policy's ``proposal``."""
-        label = np.asarray(self.oracle.label(obs, info).label, float)
+    def step(self, obs: Mapping[str, Any], info: Mapping[str, Any], proposal: np.ndarray,
+             label: np.ndarray | None = None) -> OperatorStep:
+        """The operator's move at this step, given the policy's ``proposal``; ``label``: the
+        oracle's action when the env already computed it (``oracle`` may then be None)."""
+        label = np.asarray(self.oracle.label(obs, info).label if label is None else label, float)
         proposal = np.asarray(proposal, float)
         if self.driving:
             self._drive_steps += 1

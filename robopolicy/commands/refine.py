@@ -24,8 +24,9 @@ import sys
 
 from robopolicy.config import ConfigError
 
-METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "rpd")
-NEEDS_BASE = {"residual-ppo": " (or use --method ppo)", "residual-td3": "", "dagger": "", "rpd": " (the teacher)"}
+METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "hg-dagger", "rpd")
+NEEDS_BASE = {"residual-ppo": " (or use --method ppo)", "residual-td3": "", "dagger": "", "hg-dagger": "",
+              "rpd": " (the teacher)"}
 """The methods that refine (or distil) a checkpoint given by --checkpoint, and what their error adds."""
 
 
@@ -52,6 +53,8 @@ def config_class(method: str) -> type:
         from robopolicy.refine.residual_td3 import ResidualTD3Config as cls
     elif method == "dagger":
         from robopolicy.refine.dagger import DAggerConfig as cls
+    elif method == "hg-dagger":
+        from robopolicy.teleop.hg_dagger import HGDAggerConfig as cls
     elif method == "rpd":
         from robopolicy.refine.rpd import RPDConfig as cls
     else:
@@ -135,6 +138,13 @@ def cmd_refine(args: argparse.Namespace) -> int:
                      f" (flagged: {flagged or 'none'})")
             if s["counterfactual_steps"]:
                 extra += f"; the oracle's chunks took {s['counterfactual_steps']} counterfactual steps"
+        elif args.method == "hg-dagger":
+            from robopolicy.teleop import hg_dagger
+
+            s = hg_dagger.train(cfg)
+            rows = [("base", s["before"]), (f"after HG-DAgger ({s['labels']} labels)", s["after"])]
+            extra = (f"labels {s['labels']} ({100 * s['label_fraction']:.1f}% of the steps) | gain "
+                     f"{s['gain_pts']:+.1f} pts; {s['takeovers']} take-overs, {s['lapses']} lapses")
         else:
             from robopolicy.refine import rpd
 
