@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("lerobot")
 import robopolicy.data.recorder  # noqa: E402,F401  (lerobot's dataset stack: loaded once, at collection)
 
-from hardware.teleop import ScriptedTeleop  # noqa: E402
+from hardware.teleop import ScriptedTeleop, TeleopReading  # noqa: E402
 from robopolicy.config import ConfigError, build, load_yaml  # noqa: E402
 from robopolicy.teleop.session import TeleopConfig, record_session  # noqa: E402
 
@@ -76,3 +76,46 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, monkeypatch):
     assert "needs a display" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="--task"):
         record_session(_cfg(tmp_path, task=""), device=ScriptedTeleop([{"values": {}}]))
+
+
+class _AfterPolicyStarts(ScriptedTeleop):
+    """Plays its script once the policy's first chunk has arrived (its worker loads torch first)."""
+
+    source = None
+
+    def read(self, observation=None):
+        if self.source is None or not self.source.proposed.chunks:
+            return TeleopReading({}, "delta", set())
+        return super().read(observation)
+
+
+def test_interventions_over_a_running_policy_are_recorded_with_its_proposal(tmp_path, monkeypatch):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    from robopolicy.teleop import session
+
+    built = session.build_session
+
+    def keep_source(cfg, device=None):
+        driver, node, source = built(cfg, device)
+        device.source = source
+        return driver, node, source
+
+    monkeypatch.setattr(session, "build_session", keep_source)
+
+    # the policy (a scripted sine in its own worker process) drives; the operator holds the arm still
+    # (zero deltas) during a take-over, then gives control back and saves
+    script = [{"values": {}, "repeat": 30}, {"values": {}, "events": ["toggle"]}, {"values": {}, "repeat": 20},
+              {"values": {}, "events": ["toggle"]}, {"values": {}, "repeat": 10}, {"values": {}, "events": ["save"]},
+              {"values": {}, "events": ["stop"]}]
+    cfg = _cfg(tmp_path, cameras=False, policy="sine:amp=0.3,freq=1.0")
+    result = record_session(cfg, device=_AfterPolicyStarts(script), on_status=lambda line: None)
+    assert result.fault is None and result.episodes == [0] and result.interventions == 1
+    ds = LeRobotDataset("robopolicy/local", root=tmp_path / "ds", video_backend="pyav")
+    rows = ds.hf_dataset
+    flags = np.array([bool(np.asarray(v).any()) for v in rows["intervention"]])
+    assert flags.any() and not flags[0] and not flags[-1]
+    action = np.stack([np.asarray(a) for a in rows["action"]])
+    proposal = np.stack([np.asarray(a) for a in rows["policy.action"]])
+    # while the operator holds, the policy's own plan (a sine) is recorded beside what ran
+    assert np.ptp(proposal[flags], axis=0).max() > 0.05
+    assert np.abs(action[flags] - proposal[flags]).max() > 0.05
