@@ -298,7 +298,7 @@ def make_batch(frames: list[dict], policy, scene_label: str | None = None) -> di
     ``scene_label`` that label ``(B, D)`` (a locator's)."""
     strides = list(policy.config.context_strides)
     ctx = [[f.get("episode", [f])[max(f.get("index", 0) - s, 0)] for s in strides] for f in frames]
-    out: dict = {"task": [f["obs"]["task"] for f in frames]}
+    out: dict = {"task": [f["obs"].get("task", "") for f in frames]}  # PointReach has no instruction
     for key in frames[0]["obs"]:
         if key.startswith("observation.images."):
             out[key] = torch.from_numpy(np.stack([[c["obs"][key] for c in row] for row in ctx])).permute(0, 1, 4, 2, 3)
