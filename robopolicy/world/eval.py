@@ -3,7 +3,8 @@
     robopolicy world eval --checkpoint outputs/world/point/final --env robopolicy/PointReach-v0
 
 From ``episodes`` start states (seeds ``seed + i``) the simulator runs ``horizon`` steps of the
-model's policy prior with Gaussian noise (or uniform random actions); the model rolls the same
+task's scripted oracle with DART noise (the datasets' distribution), of the model's policy prior with
+Gaussian noise, or of uniform random actions; the model rolls the same
 actions open loop from the same first state. Per step k = 1…horizon it reports the state error
 (RMS over the state's entries, in state units, through the model's read-out) and the latent error
 against the encoding of the simulated state; over every simulated step, the AUC of the success
@@ -39,8 +40,9 @@ class WorldEvalConfig:
     """Start states (seeds seed … seed + episodes − 1)."""
     horizon: int = 32
     """Open-loop steps k = 1 … horizon."""
-    actions: Literal["policy", "random"] = "policy"
-    """policy: the model's policy prior on the simulated state, plus noise; random: uniform in [-1, 1]."""
+    actions: Literal["oracle", "policy", "random"] = "oracle"
+    """oracle: the task's scripted oracle (executed action, noise included); policy: the model's policy
+    prior on the simulated state, plus Gaussian noise; random: uniform in [-1, 1]."""
     noise: float = 0.3
     seed: int = 100000
     plot_episodes: int = 4
@@ -80,13 +82,23 @@ def check_env(model: WorldModel, env) -> None:
 def simulate(model: WorldModel, env, seed: int, cfg: WorldEvalConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """One start state: ``states (K + 1, D)``, ``actions (K, A)``, ``success (K,)``, ``alive (K,)`` (the
     step was simulated: the episode had not ended)."""
-    obs, _ = env.reset(seed=seed)
+    obs, info = env.reset(seed=seed)
+    if cfg.actions == "oracle":
+        from sim_envs.core import make_oracle
+
+        try:
+            oracle = make_oracle(env, noise=cfg.noise, seed=seed)
+        except TypeError as exc:
+            raise WorldModelError(f"{exc}: use actions=policy or actions=random") from None
+        oracle.reset(obs, info)
     s = np.asarray(obs["observation.state"], np.float32).reshape(-1)
     K, A = cfg.horizon, model.act_dim
     states, actions = np.repeat(s[None], K + 1, 0), np.zeros((K, A), np.float32)
     success, alive = np.zeros(K, bool), np.zeros(K, bool)
     for k in range(K):
-        if cfg.actions == "random":
+        if cfg.actions == "oracle":
+            a = np.asarray(oracle.act(obs, info).action, np.float32).reshape(A)
+        elif cfg.actions == "random":
             a = rng.uniform(-1, 1, A).astype(np.float32)
         else:
             a, _ = model.pi(model.encode(torch.as_tensor(s)[None]), deterministic=True)
