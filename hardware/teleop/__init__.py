@@ -14,7 +14,7 @@ from typing import Any
 
 from hardware.teleop.base import EVENTS, Teleop, TeleopDisconnected, TeleopError, TeleopReading
 
-DEVICES = ("keyboard", "gamepad", "so101_leader", "so100_leader", "koch_leader", "scripted", "phone")
+DEVICES = ("keyboard", "gamepad", "so101_leader", "so100_leader", "koch_leader", "web", "scripted", "phone")
 
 
 def make_teleop(type: str, **kwargs: Any) -> Teleop:
@@ -32,6 +32,10 @@ def make_teleop(type: str, **kwargs: Any) -> Teleop:
         from hardware.teleop.lerobot_devices import LeaderArmTeleop
 
         return LeaderArmTeleop(type, **kwargs)
+    if type == "web":
+        from hardware.teleop.web import WebTeleop
+
+        return WebTeleop(**kwargs)
     if type == "scripted":
         from hardware.teleop.scripted import ScriptedTeleop
 
@@ -45,7 +49,7 @@ def make_teleop(type: str, **kwargs: Any) -> Teleop:
 
 def __getattr__(name: str):
     lazy = {"ActionAdapter": "adapter", "TeleopSource": "source", "SimOperator": "sim_operator",
-            "OperatorStep": "sim_operator", "ScriptedTeleop": "scripted"}
+            "OperatorStep": "sim_operator", "ScriptedTeleop": "scripted", "WebTeleop": "web"}
     if name not in lazy:
         raise AttributeError(f"module 'hardware.teleop' has no attribute {name!r}")
     return getattr(importlib.import_module(f"hardware.teleop.{lazy[name]}"), name)

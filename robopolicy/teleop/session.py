@@ -282,13 +282,15 @@ def record_session(cfg: TeleopConfig, device=None, on_status: Callable[[str], No
                 result.stopped_by, result.fault = "fault", f"{fault.code}: {fault.reason}"
                 break
             now = time.monotonic()
-            if cfg.status and now - last_status >= 0.5:
+            if now - last_status >= 0.5:
                 last_status = now
-                say(f"[teleop] {sched.phase} | episodes {len(result.episodes)}/{cfg.episodes} | frames {sched.frames} "
-                    f"| {now - t0:.0f}s | {'operator' if source.operator_driving else 'policy'} drives | "
-                    f"behind {len(tap.frames)} frames | clamps {sum(node.safety.counts.values())}")
-            elif not cfg.status:
-                last_status = now
+                line = (f"[teleop] {sched.phase} | episodes {len(result.episodes)}/{cfg.episodes} | frames {sched.frames} "
+                        f"| {now - t0:.0f}s | {'operator' if source.operator_driving else 'policy'} drives | "
+                        f"behind {len(tap.frames)} frames | clamps {sum(node.safety.counts.values())}")
+                if hasattr(source.device, "status"):
+                    source.device.status(line)  # the web page shows it
+                if cfg.status:
+                    say(line)
             time.sleep(0.005)
     except KeyboardInterrupt:
         result.stopped_by = "interrupt"
