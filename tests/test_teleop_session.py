@@ -119,3 +119,29 @@ def test_interventions_over_a_running_policy_are_recorded_with_its_proposal(tmp_
     # while the operator holds, the policy's own plan (a sine) is recorded beside what ran
     assert np.ptp(proposal[flags], axis=0).max() > 0.05
     assert np.abs(action[flags] - proposal[flags]).max() > 0.05
+
+
+def test_a_full_disk_stops_the_robot_and_keeps_the_committed_episodes(tmp_path, monkeypatch):
+    import errno
+
+    from robopolicy.data.recorder import EpisodeRecorder
+
+    saved = EpisodeRecorder.save_episode
+    calls = {"n": 0}
+
+    def fill_disk_on_second(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return saved(self, *a, **kw)
+
+    monkeypatch.setattr(EpisodeRecorder, "save_episode", fill_disk_on_second)
+    script = _move("delta_x", 6, ["save"]) + _move("delta_y", 6, ["save"]) + _move("delta_x", 30)
+    lines: list[str] = []
+    result = record_session(_cfg(tmp_path, cameras=False), device=ScriptedTeleop(script), on_status=lines.append)
+    assert result.stopped_by == "recording error" and "No space left" in result.fault
+    assert result.episodes == [0]
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    assert LeRobotDataset("robopolicy/local", root=tmp_path / "ds", video_backend="pyav").meta.total_episodes == 1
+    assert any("safe stop" in line and "1 committed episode(s)" in line for line in lines)

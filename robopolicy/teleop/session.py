@@ -13,8 +13,9 @@ With ``policy`` set (``robopolicy teleop --checkpoint DIR``) the policy drives a
 takes over with the device's button (HG-DAgger interventions): frames carry ``intervention``
 and the policy's proposal ``policy.action`` beside the executed ``action``.
 
-A device that disconnects, or any fault, stops the robot (the node's safe stop), discards the
-episode in progress and ends the session; the committed episodes stay.
+A device that disconnects, any fault, or a recording that cannot be written (a full disk) stops
+the robot (the node's safe stop), discards the episode in progress and ends the session, saying
+why; the committed episodes stay.
 """
 
 from __future__ import annotations
@@ -251,6 +252,8 @@ def record_session(cfg: TeleopConfig, device=None, on_status: Callable[[str], No
         raise ConfigError(f"teleop: {exc}") from None
     import robopolicy.data.recorder  # noqa: F401  (lerobot's dataset stack loads in seconds: not with the robot moving)
 
+    if getattr(source.device, "url", None):
+        say(f"[teleop] the teleop page: {source.device.url}")
     tap = _FrameTap(source, cfg.fps, cfg.policy is not None)
     node.on_observation = tap
     result = SessionResult()
@@ -294,6 +297,8 @@ def record_session(cfg: TeleopConfig, device=None, on_status: Callable[[str], No
             time.sleep(0.005)
     except KeyboardInterrupt:
         result.stopped_by = "interrupt"
+    except OSError as exc:  # a full disk, a dataset directory gone: the robot stops, committed episodes stay
+        result.stopped_by, result.fault = "recording error", f"writing {cfg.dataset} failed: {exc}"
     finally:
         node.close()  # the safe stop, the device and the policy closed
         if sched.recorder is not None:
