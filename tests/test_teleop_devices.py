@@ -213,3 +213,13 @@ def test_adapter_twist_and_mode_errors():
     arm = DriverSpec("arm", ("a", "b"), [-1, -1], [1, 1])
     with pytest.raises(TeleopError, match="absolute readings"):
         ActionAdapter(arm, "joint")(TeleopReading({"delta_x": 1.0}), None)
+
+
+def test_teleop_layer_imports_neither_torch_nor_lerobot_nor_the_learning_side():
+    import subprocess
+
+    code = ("import sys, hardware.teleop, hardware.teleop.adapter, hardware.teleop.source, hardware.teleop.sim_operator, "
+            "hardware.teleop.scripted, hardware.teleop.web; "
+            "print('torch' in sys.modules, 'lerobot' in sys.modules, any(m.startswith('robopolicy') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False False False"
