@@ -9,6 +9,7 @@ address without one, and :class:`ApiServer` checks it again before binding.
     GET  /readyz           200 when ready, 503 with the reason otherwise (a latched fault, no policy)
     GET  /status           everything, as JSON
     GET  /metrics          Prometheus text format
+    GET  /timing           loop lateness percentiles over the last ticks (?ticks=500)
     GET  /history          joint state and command over the last seconds (?seconds=5)
     GET  /camera/{name}.jpg  the latest camera image
     GET  /                 the dashboard
@@ -56,25 +57,37 @@ def create_app(daemon: "Daemon", token: "str | None"):
     auth = [Depends(authorized)]
 
     @app.get("/livez")
-    def livez():
+    async def livez():
         return {"live": True}
 
     @app.get("/readyz")
-    def readyz():
+    async def readyz():
         ok, why = daemon.ready()
         return JSONResponse({"ready": ok, "why": why}, status_code=200 if ok else 503)
 
     @app.get("/status")
-    def status():
+    async def status():
         return daemon.status()
 
     @app.get("/metrics")
-    def get_metrics():
+    async def get_metrics():
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
+    @app.get("/timing")
+    async def timing(ticks: int = 500):
+        import numpy as np
+
+        node = daemon.node
+        if node is None:
+            raise HTTPException(503, "no control loop yet")
+        late = node.timer.recent(max(1, min(int(ticks), 65536))) * 1e6
+        pct = (lambda q: float(np.percentile(late, q))) if len(late) else (lambda q: None)
+        return {"ticks_total": node.timer.n, "window": int(len(late)), "missed": node.timer.missed,
+                "lateness_us": {"p50": pct(50), "p99": pct(99), "max": float(late.max()) if len(late) else None}}
+
     @app.get("/history")
-    def history(seconds: float = 5.0):
+    async def history(seconds: float = 5.0):
         return daemon.history_since(max(0.1, min(seconds, 20.0)))
 
     @app.get("/camera/{name}.jpg")

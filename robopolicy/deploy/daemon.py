@@ -558,6 +558,11 @@ class EpisodeWriter:
         self.log("dataset_created", path=str(seg))
 
     def _run(self) -> None:
+        try:  # Linux: a thread's own nice value, inherited by the encoder threads it starts; the
+            # encoding must not take the CPU from the policy worker or the simulation
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (OSError, AttributeError):
+            pass
         current: dict | None = None  # the episode the thread is writing
         staged = False
         last_space_check = 0.0
@@ -1027,6 +1032,11 @@ class Daemon:
         src = self.node.source
         if src.proc is not None and src.proc.poll() is not None:
             return False, "the policy worker is down (a restart is pending): reset refused"
+        # While a fault is latched the node sends the worker nothing, so it answers nothing: restart
+        # the source's silence clock, or a fault that lasted longer than its silence timeout would
+        # be followed at once by a source_silent fault
+        if hasattr(src, "_last_reply"):
+            src._last_reply = math.nan
         self.node.reset()
         self._last_fault_obj = None
         self.log("fault_reset", code=fault.code)
