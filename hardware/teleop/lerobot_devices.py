@@ -52,7 +52,7 @@ class KeyboardTeleop:
         if not teleop_keyboard.PYNPUT_AVAILABLE:
             raise TeleopError("the keyboard teleoperator needs a display (lerobot's pynput listener could not "
                               "start: DISPLAY is unset or no X server answers); on a headless machine use "
-                              "--teleop gamepad, so101_leader or sim")
+                              "--teleop web (a page in a browser), gamepad or so101_leader")
         self.device.connect()
         if not self.device.is_connected:
             raise TeleopError("the keyboard listener did not start")
