@@ -20,6 +20,7 @@ from robopolicy.models.policy import Policy, PolicyConfig, PolicyError
 from robopolicy.refine import dagger
 from robopolicy.refine.common import Curve
 from robopolicy.refine.residual import BASE_DIR, ResidualConfig, ResidualPolicy
+from robopolicy.refine.scratch import ScratchPolicy
 from robopolicy.rl import RewardScaler, gae, ppo_loss
 
 LOW, HIGH = -np.full(6, 20.0, np.float32), np.full(6, 20.0, np.float32)
@@ -139,7 +140,7 @@ def ppo_bandit(policy: ResidualPolicy, x: torch.Tensor, reward_of, iterations: i
 
 def test_ppo_update_lowers_loss_and_learns_a_bandit():
     torch.manual_seed(0)
-    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5), -np.ones(1), np.ones(1),
+    policy = ScratchPolicy(ResidualConfig(inputs=["state"], hidden=[32], log_std=-0.5), -np.ones(1), np.ones(1),
                             state_dim=2)
     x = torch.randn(256, 2)
     # contextual bandit: reward 1 when the action's sign matches the first input's sign
@@ -195,7 +196,7 @@ def test_a_switch_dimension_keeps_the_base_or_forces_an_end_and_learns_which():
     lp.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in only.actor.parameters())
     with pytest.raises(PolicyError, match="needs a base"):
-        ResidualPolicy(ResidualConfig(inputs=["state"], switch_dims=[0]), LOW, HIGH, state_dim=6)
+        ScratchPolicy(ResidualConfig(inputs=["state"], switch_dims=[0]), LOW, HIGH, state_dim=6)
     with pytest.raises(PolicyError, match="has 6 dimensions"):
         ResidualPolicy(ResidualConfig(inputs=["state"], switch_dims=[6]), LOW, HIGH, base=base)
     with pytest.raises(ValueError, match="switch_prob"):
@@ -255,7 +256,7 @@ def test_a_tcp_residual_moves_the_commanded_tool_point_by_its_offset_in_metres()
     torch.testing.assert_close(bounded.log_prob(d, out, base_norm[:1]) - bounded.log_prob(d, torch.zeros(1, 6), base_norm[:1]),
                                (tail - inside)[None])
     with pytest.raises(PolicyError, match="needs a base"):
-        ResidualPolicy(ResidualConfig(inputs=["state"], tcp="so101"), low, high, state_dim=6)
+        ScratchPolicy(ResidualConfig(inputs=["state"], tcp="so101"), low, high, state_dim=6)
     with pytest.raises(PolicyError, match="5 joints"):
         ResidualPolicy(ResidualConfig(inputs=["state"], tcp="so101"), -np.ones(2), np.ones(2),
                        base=tiny_base(action_dim=2))
@@ -286,7 +287,7 @@ def test_the_base_tcp_input_is_where_the_base_command_puts_the_tool_point():
     with pytest.raises(ValueError, match="base_tcp"):
         ResidualConfig(inputs=["state", "base_tcp"])
     with pytest.raises(PolicyError, match="needs a base"):
-        ResidualPolicy(ResidualConfig(inputs=["state", "base_tcp"], tcp="so101"), low, high, state_dim=6)
+        ScratchPolicy(ResidualConfig(inputs=["state", "base_tcp"], tcp="so101"), low, high, state_dim=6)
 
 
 def test_dual_clip_bounds_negative_advantage_samples_whose_ratio_exploded():
@@ -466,7 +467,7 @@ def test_rpd_bc_term_pulls_the_student_toward_the_teacher(tmp_path):
     from sim_envs.arm import so101
 
     low, high = so101.JOINT_LOW.astype(np.float32), so101.JOINT_HIGH.astype(np.float32)
-    teacher = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8]), low, high, state_dim=6)
+    teacher = ScratchPolicy(ResidualConfig(inputs=["state"], hidden=[8]), low, high, state_dim=6)
     with torch.no_grad():
         teacher.actor[-1].bias.fill_(0.5)  # constant teacher: 0.5 in normalized units on every joint
     summary = rpd.train(cfg, teacher=teacher, log=lambda s: None)
@@ -490,7 +491,9 @@ def test_bad_inputs_give_clear_errors(tmp_path):
     with pytest.raises(PolicyError, match="2-D actions but the env takes 6-D"):
         residual_ppo.build_policy(cfg)
     with pytest.raises(PolicyError, match="need a base"):
-        ResidualPolicy(ResidualConfig(inputs=["state", "features"]), LOW, HIGH, state_dim=6)
+        ScratchPolicy(ResidualConfig(inputs=["state", "features"]), LOW, HIGH, state_dim=6)
+    with pytest.raises(PolicyError, match="ScratchPolicy"):  # no base: the policy learnt from scratch is its own class
+        ResidualPolicy(ResidualConfig(inputs=["state"]), LOW, HIGH, base=None, state_dim=6)
     with pytest.raises(ValueError, match="unknown"):
         ResidualConfig(inputs=["pixels"])
     # a residual checkpoint whose base was removed
@@ -574,7 +577,7 @@ def test_evaluation_seeds_each_episode_as_robopolicy_eval_does():
 def test_chunk_actor_predicts_chunks_round_trips_and_runs_in_eval(tmp_path):
     with pytest.raises(PolicyError, match="without a base"):
         ResidualPolicy(ResidualConfig(chunk=4), LOW, HIGH, base=tiny_base())
-    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[16], chunk=4), LOW, HIGH, state_dim=6)
+    policy = ScratchPolicy(ResidualConfig(inputs=["state"], hidden=[16], chunk=4), LOW, HIGH, state_dim=6)
     torch.nn.init.normal_(policy.actor[-1].weight, std=0.1)
     obs = obs_batch(3)
     chunk = policy.predict(obs)
@@ -686,14 +689,14 @@ def test_rpd_chunk_student_learns_the_teachers_chunks(tmp_path):
     learned = load_policy(rpd.train(rcfg, teacher=teacher, log=lambda s: None)["checkpoint"])
     assert ((learned.predict(obs) - target) / torch.as_tensor(half)).abs().mean() < 0.1
     with pytest.raises(PolicyError, match="chunk policy checkpoint"):
-        rpd.train(rcfg, teacher=ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8]), so101.JOINT_LOW,
+        rpd.train(rcfg, teacher=ScratchPolicy(ResidualConfig(inputs=["state"], hidden=[8]), so101.JOINT_LOW,
                                                so101.JOINT_HIGH, state_dim=6), log=lambda s: None)
 
 
 def test_clipped_likelihood_scores_a_clipped_sample_by_the_mass_beyond_the_bound():
     from torch.distributions import Normal
 
-    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8], chunk=2), LOW, HIGH, state_dim=6)
+    policy = ScratchPolicy(ResidualConfig(inputs=["state"], hidden=[8], chunk=2), LOW, HIGH, state_dim=6)
     mu = torch.tensor([[0.5, 0.0, 2.0, -0.5] + [0.0] * 8], requires_grad=True)
     std = torch.full_like(mu, 0.2)
     r = torch.tensor([[0.6, 1.3, 2.5, -1.7] + [0.0] * 8])  # inside, beyond +1, beyond +1, beyond -1
@@ -935,7 +938,7 @@ def test_chunk_decisions_hold_the_residual_over_each_base_chunk():
     with pytest.raises(ValueError, match="decision"):
         ResidualConfig(decision="episode")
     with pytest.raises(PolicyError, match="needs a base"):
-        ResidualPolicy(ResidualConfig(inputs=["state"], decision="chunk"), LOW, HIGH, state_dim=6)
+        ScratchPolicy(ResidualConfig(inputs=["state"], decision="chunk"), LOW, HIGH, state_dim=6)
 
 
 def test_decision_every_splits_each_base_chunk_into_held_corrections():

@@ -92,11 +92,12 @@ def test_a_residual_checkpoint_of_the_earlier_tensor_layout_still_loads(tmp_path
     from safetensors.torch import load_file, save_file
 
     from robopolicy.models import load_policy
-    from robopolicy.refine.residual import RESIDUAL_CONFIG, RESIDUAL_WEIGHTS, ResidualConfig, ResidualPolicy
+    from robopolicy.refine.residual import RESIDUAL_CONFIG, RESIDUAL_WEIGHTS, ResidualConfig
+    from robopolicy.refine.scratch import ScratchPolicy
 
     torch.manual_seed(0)
     low, high = -np.ones(3, np.float32), np.ones(3, np.float32)
-    policy = ResidualPolicy(ResidualConfig(inputs=["state"], hidden=[8], log_std=-1.3), low, high, state_dim=4)
+    policy = ScratchPolicy(ResidualConfig(inputs=["state"], hidden=[8], log_std=-1.3), low, high, state_dim=4)
     with torch.no_grad():
         policy.actor[-1].bias.copy_(torch.tensor([0.2, -0.4, 0.6]))
         policy.norm.update(torch.randn(32, 4))
@@ -108,6 +109,7 @@ def test_a_residual_checkpoint_of_the_earlier_tensor_layout_still_loads(tmp_path
     meta["format"] = 1
     (path / RESIDUAL_CONFIG).write_text(yaml.safe_dump(meta))
     old = load_policy(path)
+    assert isinstance(old, ScratchPolicy)  # saved without a base: a policy learnt from scratch
     obs = {"observation.state": np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)}
     torch.testing.assert_close(old.predict(obs), policy.predict(obs))
     torch.testing.assert_close(old.log_std, policy.log_std)

@@ -9,6 +9,7 @@
 - :mod:`~robopolicy.refine.residual`: the residual policy (a frozen base's executed chunks, an
   actor-critic from :mod:`robopolicy.rl`, the action adapters of
   :mod:`~robopolicy.refine.adapters`) and its checkpoint, which ``robopolicy.models.load_policy`` loads;
+  :mod:`~robopolicy.refine.scratch`: the policy learnt without a base (PPO from scratch, RPD's student);
   :mod:`~robopolicy.refine.residual_run`: what residual PPO and residual TD3 share.
 - :mod:`~robopolicy.refine.stages`: residual PPO in stages from one command.
 - :mod:`~robopolicy.refine.common`: the run options every method shares, curves, the saved run

@@ -27,11 +27,10 @@ the chosen ``inputs``:
   counts its own steps, so ``eval`` and the control node need nothing extra from the env.
 
 Inputs are standardized by running statistics (buffers, saved with the residual). The last actor
-layer starts at zero, so an untrained residual reproduces the base exactly. Without a base
-(``base=None``) the same module is a plain actor-critic over the whole action (PPO from scratch,
-or a compact RPD student): ``norm(a_base)`` is 0 and ``scale`` is 1. Such an actor may output a
-chunk (``chunk`` > 1): ``chunk`` actions per decision, executed open loop, ``predict`` then
-returning ``(B, chunk, A)`` like any chunk policy.
+layer starts at zero, so an untrained residual reproduces the base exactly. A policy learnt
+without a base (PPO from scratch, a compact RPD student) is
+:class:`~robopolicy.refine.scratch.ScratchPolicy`, which shares this module's actor-critic surface
+(:class:`ActorCriticPolicy`) and checkpoint format.
 """
 
 from __future__ import annotations
@@ -206,44 +205,34 @@ def _check_base(config: ResidualConfig, base: Policy | None, action_dim: int) ->
             raise PolicyError(f"residual.{key} has {len(getattr(config, key))} values, the action {action_dim}")
 
 
-class ResidualPolicy(nn.Module):
-    """A frozen base's executed chunk, corrected by an actor-critic's sample through the action
-    adapters; the eval / run surface of a policy (see the module docstring).
-
-    Parts, one role each: ``base`` (frozen, its chunks executed ``execute_steps`` at a time),
-    ``ac`` (:class:`~robopolicy.rl.ActorCritic`: input statistics, actor, critic, log-std),
-    ``offset`` / ``switcher`` / ``tool`` (:mod:`~robopolicy.refine.adapters`: how a sample changes
-    the base's command). Without a base it is a plain actor-critic policy over the whole action."""
+class ActorCriticPolicy(nn.Module):
+    """What a residual and a policy learnt from scratch share: the action box, the actor-critic
+    (:class:`~robopolicy.rl.ActorCritic`: input statistics, actor, critic, log-std), the action
+    adapters (:mod:`~robopolicy.refine.adapters`) and the surface the refinement loops, ``eval`` and
+    ``robopolicy run`` drive. A subclass says where the action it corrects comes from
+    (:meth:`base_actions`): :class:`ResidualPolicy` a frozen base's executed chunks,
+    :class:`~robopolicy.refine.scratch.ScratchPolicy` nothing (the sample is the whole action)."""
 
     output = "chunk"
 
-    def __init__(self, config: ResidualConfig, action_low: Sequence[float], action_high: Sequence[float],
-                 base: Policy | None = None, state_dim: int = 0, env_state_dim: int = 0):
-        super().__init__()
+    def _build(self, config: ResidualConfig, action_low: Sequence[float], action_high: Sequence[float],
+               sizes: Mapping[str, int], scale: torch.Tensor) -> None:
+        """Action box, input sizes (``sizes``: every input's size), actor-critic and adapters for a
+        residual step of ``scale (A,)`` in normalized units."""
         self.config = config
-        self.base = base
         a = len(action_low)
-        _check_base(config, base, a)
-        if base is not None:
-            for p in base.parameters():
-                p.requires_grad_(False)
-            state_dim = base.config.state_dim or state_dim
         low = torch.as_tensor(np.asarray(action_low, np.float32))
         high = torch.as_tensor(np.asarray(action_high, np.float32))
         if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
             raise PolicyError("residual refinement needs a bounded action space")
         self.register_buffer("action_loc", (high + low) / 2)
         self.register_buffer("action_half", ((high - low) / 2).clamp(min=1e-6))
-        dims = {"state": state_dim, "features": base.config.d_model if base is not None else 0,
-                "base_action": a, "base_tcp": 3, "environment_state": env_state_dim, "time": 1}
-        missing = [k for k in config.inputs if dims[k] <= 0]
+        missing = [k for k in config.inputs if sizes[k] <= 0]
         if missing:
-            raise PolicyError(f"residual input {missing[0]!r} has no size (state_dim={state_dim}, "
-                              f"env_state_dim={env_state_dim})")
-        self.input_dims = {k: int(dims[k]) for k in config.inputs}
+            raise PolicyError(f"residual input {missing[0]!r} has no size (state_dim={sizes['state']}, "
+                              f"env_state_dim={sizes['environment_state']})")
+        self.input_dims = {k: int(sizes[k]) for k in config.inputs}
         self.switch = list(config.switch_dims)
-        scale = torch.as_tensor(config.scale_per_dim or [config.scale] * a, dtype=torch.float32)
-        scale = scale if base is not None else torch.ones(a)
         tcp = torch.zeros(a, dtype=torch.bool)
         tcp[:3] = bool(config.tcp)
         # a scale-0 dimension moves nothing, so it has no likelihood either
@@ -254,14 +243,21 @@ class ResidualPolicy(nn.Module):
         self.offset = JointOffset(scale, ~tcp)
         self.switcher = GripperSwitch(self.switch) if self.switch else None
         self.tool = ToolPointOffset(config.tcp, scale, config.bound) if config.tcp else None
-        # the base's chunks, ``execute_steps`` actions of each, per row (the one chunk executor)
-        self.executor = ChunkExecutor("chunk", steps_per_chunk=config.execute_steps)
-        self._planned = 0  # actions executed from each base chunk
         self.fresh = torch.zeros(0, dtype=torch.bool)  # rows that decide this step (see ``decides``)
         self._held = torch.zeros(0, a)  # decision: chunk — each row's correction for its current chunk
         self.elapsed = np.zeros(0, dtype=np.int64)  # steps acted since reset, per row (the ``time`` input)
-        self._features: torch.Tensor | None = None
-        self._memory_hook: Any = None
+
+    def base_actions(self, obs: Mapping[str, Any], peek: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This step's actions to correct ``(B, A)`` (env units) and the base's features ``(B, d)``
+        (``None``: none)."""
+        raise NotImplementedError
+
+    def _reset_elapsed(self, rows: Sequence[int] | None) -> None:
+        """Restart the step count (the ``time`` input) of ``rows`` (all when ``None``)."""
+        if rows is None or set(rows) >= set(range(len(self.elapsed))):
+            self.elapsed = np.zeros(0, dtype=np.int64)
+        else:
+            self.elapsed[[r for r in rows if r < len(self.elapsed)]] = 0
 
     # the actor-critic's parts, as the training loops name them
     @property
@@ -293,27 +289,8 @@ class ResidualPolicy(nn.Module):
 
     @property
     def image_size(self) -> int | None:
-        """The base's training frame size (square), so ``robopolicy eval`` renders the right cameras."""
-        frame = list(self.base.config.frame_size) if self.base is not None else []
-        return int(frame[0]) if len(frame) == 2 and frame[0] == frame[1] else None
-
-    def reset(self, rows: Sequence[int] | None = None) -> None:
-        """Forget queued base actions (and the base's context) of ``rows`` (all when ``None``)."""
-        batch = self.executor.n_envs
-        if rows is None or set(rows) >= set(range(batch)):
-            rows = None
-            self.executor.resize(0)
-            self._features = None
-        else:
-            self.executor.reset(rows)
-        if rows is None or set(rows) >= set(range(len(self.elapsed))):
-            self.elapsed = np.zeros(0, dtype=np.int64)
-        else:
-            self.elapsed[[r for r in rows if r < len(self.elapsed)]] = 0
-        if self.base is not None:
-            # inside inference mode: the base's ring buffer was created by predict() in inference mode
-            with torch.inference_mode():
-                self.base.reset(rows) if rows is not None and batch else self.base.reset()
+        """The frame size (square) ``robopolicy eval`` renders cameras at; ``None``: the env's own."""
+        return None
 
     @torch.no_grad()
     def predict(self, obs: Mapping[str, Any]) -> torch.Tensor:
@@ -347,47 +324,6 @@ class ResidualPolicy(nn.Module):
         return self._held.clone()
 
     # ------------------------------------------------------------------ pieces used by the PPO loops
-    def _pooled_memory(self, module, inputs, output) -> None:
-        memory, pad = output
-        keep = (~pad).float()[..., None] if pad is not None else torch.ones_like(memory[..., :1])
-        with torch.inference_mode(False):
-            self._features = ((memory * keep).sum(1) / keep.sum(1).clamp(min=1)).clone()
-
-    def base_actions(self, obs: Mapping[str, Any], peek: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """This step's base actions ``(B, A)`` (env units) from the chunk queues, refilled where empty,
-        and the base features ``(B, d)`` of its latest prediction. ``peek``: leave the actions queued
-        (a bootstrap value for the observation that the next step will act on)."""
-        b = _batch_size(obs)
-        if self.base is None:
-            if not peek:
-                self.fresh = torch.ones(b, dtype=torch.bool)
-            return self.action_loc.expand(b, -1).clone(), None
-        if self.executor.n_envs != b:  # a new batch size: start every row afresh
-            self.reset()
-            self.executor.resize(b)
-        need = np.flatnonzero(self.executor.needs()).tolist()
-        if len(need):
-            if self._memory_hook is None:
-                self._memory_hook = self.base.backbone.register_forward_hook(self._pooled_memory)
-            old = self._features
-            chunk = self.base.predict(obs).numpy()  # (B, H, A); the hook refreshes self._features
-            if old is not None and len(need) < b:  # rows mid-chunk keep the features of their chunk
-                fresh = self._features.clone()
-                keep = torch.ones(b, dtype=torch.bool)
-                keep[need] = False
-                fresh[keep] = old[keep]
-                self._features = fresh
-            self.executor.add(need, chunk[need])
-            self._planned = min(self.config.execute_steps, chunk.shape[1])
-        elif max(self.base.config.context_strides) > 0 and not peek:
-            self.base.observe(obs)
-        if not peek:  # a row whose chunk is still whole starts executing it now (it may have been planned by a
-            # peek); with decision_every, also a row that has executed a multiple of it from its chunk
-            every = self.config.decision_every or self._planned
-            self.fresh = torch.as_tensor(self.executor.executed() % every == 0)
-        acts = torch.as_tensor(self.executor.next(peek=peek), dtype=torch.float32)
-        return acts, self._features
-
     def residual_input(self, obs: Mapping[str, Any], peek: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw residual input ``(B, D_in)`` and the normalized base action ``(B, A)`` (``peek``: see
         :meth:`base_actions`)."""
@@ -471,7 +407,8 @@ class ResidualPolicy(nn.Module):
 
     # ------------------------------------------------------------------ checkpoint
     def save(self, directory: str | Path) -> Path:
-        """``config.yaml`` + ``residual.safetensors`` + ``base/`` (the base checkpoint), atomically."""
+        """``config.yaml`` + ``residual.safetensors`` (+ ``base/``, the base checkpoint, for a residual),
+        atomically."""
         import yaml
         from safetensors.torch import save_file
 
@@ -490,47 +427,145 @@ class ResidualPolicy(nn.Module):
                 self.base.save(tmp / BASE_DIR)
         return directory
 
+class ResidualPolicy(ActorCriticPolicy):
+    """A frozen base's executed chunk, corrected by an actor-critic's sample through the action
+    adapters; the eval / run surface of a policy (see the module docstring).
+
+    Parts, one role each: ``base`` (frozen, its chunks executed ``execute_steps`` at a time by the
+    chunk executor), ``ac`` (:class:`~robopolicy.rl.ActorCritic`), ``offset`` / ``switcher`` /
+    ``tool`` (:mod:`~robopolicy.refine.adapters`: how a sample changes the base's command). A policy
+    learnt without a base is a :class:`~robopolicy.refine.scratch.ScratchPolicy`."""
+
+    def __init__(self, config: ResidualConfig, action_low: Sequence[float], action_high: Sequence[float],
+                 base: Policy, state_dim: int = 0, env_state_dim: int = 0):
+        super().__init__()
+        if base is None:
+            raise PolicyError("a residual needs a base policy; a policy learnt from scratch is a ScratchPolicy "
+                              "(robopolicy.refine.scratch)")
+        a = len(action_low)
+        _check_base(config, base, a)
+        self.base = base
+        for p in base.parameters():
+            p.requires_grad_(False)
+        state_dim = base.config.state_dim or state_dim
+        sizes = {"state": state_dim, "features": base.config.d_model, "base_action": a, "base_tcp": 3,
+                 "environment_state": env_state_dim, "time": 1}
+        self._build(config, action_low, action_high, sizes,
+                    torch.as_tensor(config.scale_per_dim or [config.scale] * a, dtype=torch.float32))
+        # the base's chunks, ``execute_steps`` actions of each, per row (the one chunk executor)
+        self.executor = ChunkExecutor("chunk", steps_per_chunk=config.execute_steps)
+        self._planned = 0  # actions executed from each base chunk
+        self._features: torch.Tensor | None = None
+        self._memory_hook: Any = None
+
+    @property
+    def image_size(self) -> int | None:
+        """The base's training frame size (square), so ``robopolicy eval`` renders the right cameras."""
+        frame = list(self.base.config.frame_size)
+        return int(frame[0]) if len(frame) == 2 and frame[0] == frame[1] else None
+
+    def reset(self, rows: Sequence[int] | None = None) -> None:
+        """Forget queued base actions (and the base's context) of ``rows`` (all when ``None``)."""
+        batch = self.executor.n_envs
+        if rows is None or set(rows) >= set(range(batch)):
+            rows = None
+            self.executor.resize(0)
+            self._features = None
+        else:
+            self.executor.reset(rows)
+        self._reset_elapsed(rows)
+        # inside inference mode: the base's ring buffer was created by predict() in inference mode
+        with torch.inference_mode():
+            self.base.reset(rows) if rows is not None and batch else self.base.reset()
+
+    def _pooled_memory(self, module, inputs, output) -> None:
+        memory, pad = output
+        keep = (~pad).float()[..., None] if pad is not None else torch.ones_like(memory[..., :1])
+        with torch.inference_mode(False):
+            self._features = ((memory * keep).sum(1) / keep.sum(1).clamp(min=1)).clone()
+
+    def base_actions(self, obs: Mapping[str, Any], peek: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This step's base actions ``(B, A)`` (env units) from the chunk queues, refilled where empty,
+        and the base features ``(B, d)`` of its latest prediction. ``peek``: leave the actions queued
+        (a bootstrap value for the observation that the next step will act on)."""
+        b = _batch_size(obs)
+        if self.executor.n_envs != b:  # a new batch size: start every row afresh
+            self.reset()
+            self.executor.resize(b)
+        need = np.flatnonzero(self.executor.needs()).tolist()
+        if len(need):
+            if self._memory_hook is None:
+                self._memory_hook = self.base.backbone.register_forward_hook(self._pooled_memory)
+            old = self._features
+            chunk = self.base.predict(obs).numpy()  # (B, H, A); the hook refreshes self._features
+            if old is not None and len(need) < b:  # rows mid-chunk keep the features of their chunk
+                fresh = self._features.clone()
+                keep = torch.ones(b, dtype=torch.bool)
+                keep[need] = False
+                fresh[keep] = old[keep]
+                self._features = fresh
+            self.executor.add(need, chunk[need])
+            self._planned = min(self.config.execute_steps, chunk.shape[1])
+        elif max(self.base.config.context_strides) > 0 and not peek:
+            self.base.observe(obs)
+        if not peek:  # a row whose chunk is still whole starts executing it now (it may have been planned by a
+            # peek); with decision_every, also a row that has executed a multiple of it from its chunk
+            every = self.config.decision_every or self._planned
+            self.fresh = torch.as_tensor(self.executor.executed() % every == 0)
+        acts = torch.as_tensor(self.executor.next(peek=peek), dtype=torch.float32)
+        return acts, self._features
+
     @classmethod
-    def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "ResidualPolicy":
-        """Rebuild a residual checkpoint (with its base) saved by :meth:`save`."""
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        meta_path, meta = read_typed_config(directory, "residual", LEGACY_RESIDUAL_CONFIG)
-        config = build(ResidualConfig, meta.get("residual") or {}, source=str(meta_path), prefix="residual.")
-        base = None
-        if meta.get("base"):
-            base_dir = directory / str(meta["base"])
-            if not (base_dir / "config.yaml").is_file():
-                raise PolicyError(f"{directory} is a residual checkpoint but its base policy is missing "
-                                  f"(expected the base checkpoint in {base_dir}); the residual alone cannot act")
-            base = Policy.load(base_dir)
-        dims = meta.get("input_dims") or {}
-        policy = cls(config, meta["action_low"], meta["action_high"], base=base,
-                     state_dim=int(dims.get("state", 0)), env_state_dim=int(dims.get("environment_state", 0)))
-        weights = directory / RESIDUAL_WEIGHTS
-        if not weights.is_file():
-            raise PolicyError(f"{weights}: file is missing")
-        state = load_file(str(weights))
-        if int(meta.get("format", 1)) > FORMAT:
-            raise PolicyError(f"{directory}: checkpoint format {meta['format']} is newer than this code reads "
-                              f"({FORMAT}); update robopolicy")
-        if int(meta.get("format", 1)) < 2:  # format 1: the actor-critic's tensors at the top level
-            state = {("ac." + k if k.startswith(AC_TENSORS) else k): v for k, v in state.items()}
-        missing = [k for k in policy.state_dict() if not k.startswith("base.") and k not in state]
-        if missing:
-            raise PolicyError(f"{weights}: tensors missing (e.g. {missing[0]}): saved with another residual config")
-        policy.load_state_dict(state, strict=False)
-        return policy.to(device).eval()
+    def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> ActorCriticPolicy:
+        """Rebuild a residual checkpoint saved by :meth:`save`: a :class:`ResidualPolicy` with its base, or a
+        :class:`~robopolicy.refine.scratch.ScratchPolicy` for one saved without a base."""
+        return load_actor_critic_policy(directory, device)
 
 
-def init_from(policy: ResidualPolicy, directory: str | Path, option: str) -> None:
+def load_actor_critic_policy(directory: str | Path, device: str | torch.device = "cpu") -> ActorCriticPolicy:
+    """A ``type: residual`` checkpoint (any format): a :class:`ResidualPolicy` when it has a base, else a
+    :class:`~robopolicy.refine.scratch.ScratchPolicy`."""
+    from safetensors.torch import load_file
+
+    from robopolicy.refine.scratch import ScratchPolicy
+
+    directory = Path(directory)
+    meta_path, meta = read_typed_config(directory, "residual", LEGACY_RESIDUAL_CONFIG)
+    config = build(ResidualConfig, meta.get("residual") or {}, source=str(meta_path), prefix="residual.")
+    base = None
+    if meta.get("base"):
+        base_dir = directory / str(meta["base"])
+        if not (base_dir / "config.yaml").is_file():
+            raise PolicyError(f"{directory} is a residual checkpoint but its base policy is missing "
+                              f"(expected the base checkpoint in {base_dir}); the residual alone cannot act")
+        base = Policy.load(base_dir)
+    dims = meta.get("input_dims") or {}
+    sizes = dict(state_dim=int(dims.get("state", 0)), env_state_dim=int(dims.get("environment_state", 0)))
+    policy = (ResidualPolicy(config, meta["action_low"], meta["action_high"], base=base, **sizes) if base is not None
+              else ScratchPolicy(config, meta["action_low"], meta["action_high"], **sizes))
+    weights = directory / RESIDUAL_WEIGHTS
+    if not weights.is_file():
+        raise PolicyError(f"{weights}: file is missing")
+    state = load_file(str(weights))
+    if int(meta.get("format", 1)) > FORMAT:
+        raise PolicyError(f"{directory}: checkpoint format {meta['format']} is newer than this code reads "
+                          f"({FORMAT}); update robopolicy")
+    if int(meta.get("format", 1)) < 2:  # format 1: the actor-critic's tensors at the top level
+        state = {("ac." + k if k.startswith(AC_TENSORS) else k): v for k, v in state.items()}
+    missing = [k for k in policy.state_dict() if not k.startswith("base.") and k not in state]
+    if missing:
+        raise PolicyError(f"{weights}: tensors missing (e.g. {missing[0]}): saved with another residual config")
+    policy.load_state_dict(state, strict=False)
+    return policy.to(device).eval()
+
+
+def init_from(policy: ActorCriticPolicy, directory: str | Path, option: str) -> None:
     """Copy a saved residual's (or student's) actor, critic and input statistics into ``policy``,
     keeping ``policy``'s own log-std (the new run's exploration). The saved one must have the same
     architecture (inputs, hidden sizes, chunk, tool-point mode, input sizes) and, over a base, the
     same base weights: a residual learnt over one base means nothing over another. ``option`` names
     the setting in errors."""
-    saved = ResidualPolicy.load(directory)
+    saved = load_actor_critic_policy(directory)
     mine, theirs = policy.config, saved.config
     diff = [f for f in ("inputs", "hidden", "chunk", "tcp") if getattr(mine, f) != getattr(theirs, f)]
     what = ", ".join(f"{f} {getattr(theirs, f)} vs {getattr(mine, f)}" for f in diff)

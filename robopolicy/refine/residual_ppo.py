@@ -24,7 +24,7 @@ import torch
 from robopolicy.config import ConfigError
 from robopolicy.eval.envs import make_task_envs
 from robopolicy.refine.common import Curve
-from robopolicy.refine.residual import ResidualPolicy, init_from
+from robopolicy.refine.residual import ActorCriticPolicy, init_from
 from robopolicy.refine.residual_run import (ResidualRunConfig, build_policy, env_kwargs, evaluate,  # noqa: F401
                                             periodic_evaluation)
 from robopolicy.refine.summary import write_refine_summary
@@ -94,7 +94,7 @@ class ResidualPPOConfig(ResidualRunConfig):
                            max_grad_norm=self.max_grad_norm)
 
 
-def rollout(policy: ResidualPolicy, envs, obs: dict, T: int, scaler: RewardScaler, cfg: ResidualPPOConfig,
+def rollout(policy: ActorCriticPolicy, envs, obs: dict, T: int, scaler: RewardScaler, cfg: ResidualPPOConfig,
             window: list[int]) -> tuple[dict, dict[str, torch.Tensor]]:
     """``T`` steps of every env with sampled residuals; the next observation and the ``(T, N)``
     buffers (``x``, ``r``, ``base``, ``logp``, ``val``, ``rew``, ``done``, ``dec``; ``adv``, ``ret``)."""
@@ -128,7 +128,7 @@ def rollout(policy: ResidualPolicy, envs, obs: dict, T: int, scaler: RewardScale
     return obs, out
 
 
-def update(policy: ResidualPolicy, buf: dict[str, torch.Tensor], optimizers, cfg: ResidualPPOConfig) -> dict:
+def update(policy: ActorCriticPolicy, buf: dict[str, torch.Tensor], optimizers, cfg: ResidualPPOConfig) -> dict:
     """The PPO update on the rollout's decisions (every step, or each held correction's first)."""
     keep = buf["dec"].reshape(-1) > 0
     flat = {k: v.reshape(keep.shape[0], *v.shape[2:])[keep] for k, v in buf.items()}
@@ -141,7 +141,7 @@ def update(policy: ResidualPolicy, buf: dict[str, torch.Tensor], optimizers, cfg
                       policy.trainable_parameters(), cfg.ppo())
 
 
-def train(cfg: ResidualPPOConfig, policy: ResidualPolicy | None = None, log: Callable[[str], None] = print) -> dict:
+def train(cfg: ResidualPPOConfig, policy: ActorCriticPolicy | None = None, log: Callable[[str], None] = print) -> dict:
     """Run residual PPO; returns a summary (before / after success, steps to 80%, paths)."""
     from tqdm import tqdm
 

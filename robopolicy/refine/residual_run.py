@@ -13,7 +13,8 @@ from robopolicy.envs import EnvConfig
 from robopolicy.eval.envs import single_spaces
 from robopolicy.eval.episodes import EvalResult, evaluate_success
 from robopolicy.refine.common import Curve, RefineRunOptions
-from robopolicy.refine.residual import ResidualConfig, ResidualPolicy
+from robopolicy.refine.residual import ActorCriticPolicy, ResidualConfig, ResidualPolicy
+from robopolicy.refine.scratch import ScratchPolicy
 
 
 @dataclass
@@ -46,22 +47,25 @@ def env_kwargs(cfg: ResidualRunConfig) -> dict:
     return {"reward": cfg.reward, "privileged": "environment_state" in cfg.residual.inputs}
 
 
-def build_policy(cfg: ResidualRunConfig, base=None) -> ResidualPolicy:
-    """The residual (over ``base`` or ``cfg.base``) sized for ``cfg.env``."""
+def build_policy(cfg: ResidualRunConfig, base=None) -> ActorCriticPolicy:
+    """The residual over ``base`` or ``cfg.base`` (without either: a policy learnt from scratch)
+    sized for ``cfg.env``."""
     from robopolicy.models import load_policy
 
     obs_space, act_space = single_spaces(cfg.env, **env_kwargs(cfg))
     if base is None and cfg.base:
         base = load_policy(cfg.base)
-        if isinstance(base, ResidualPolicy):
+        if isinstance(base, ActorCriticPolicy):
             raise ValueError(f"--base {cfg.base} is already a residual checkpoint; give a plain policy checkpoint")
     state_dim = obs_space["observation.state"].shape[0] if "observation.state" in obs_space.spaces else 0
     env_dim = obs_space[ENV_STATE].shape[0] if ENV_STATE in obs_space.spaces else 0
+    if base is None:
+        return ScratchPolicy(cfg.residual, act_space.low, act_space.high, state_dim=state_dim, env_state_dim=env_dim)
     return ResidualPolicy(cfg.residual, act_space.low, act_space.high, base=base, state_dim=state_dim,
                           env_state_dim=env_dim)
 
 
-def evaluate(policy: ResidualPolicy, cfg: ResidualRunConfig) -> EvalResult:
+def evaluate(policy: ActorCriticPolicy, cfg: ResidualRunConfig) -> EvalResult:
     """Deterministic success rate on the fixed evaluation seeds."""
     def act(obs):
         return policy.predict(obs)[:, 0].numpy()
@@ -69,7 +73,7 @@ def evaluate(policy: ResidualPolicy, cfg: ResidualRunConfig) -> EvalResult:
                             **env_kwargs(cfg))
 
 
-def periodic_evaluation(policy: ResidualPolicy, cfg: ResidualRunConfig, curve: Curve, env_steps: int, t0: float,
+def periodic_evaluation(policy: ActorCriticPolicy, cfg: ResidualRunConfig, curve: Curve, env_steps: int, t0: float,
                         window: list[int], log: Callable[[str], None], **extra) -> None:
     """Evaluate during training: a curve point, a log line, and the policy saved to ``best/`` when this
     evaluation is the best so far. Beside the deterministic success, the sampled policy's success

@@ -2,7 +2,7 @@
 student and refine it with PPO.
 
 Read top to bottom: the teacher (any checkpoint: a ``Policy`` or a residual) and a compact
-student actor-critic (:class:`~robopolicy.refine.residual.ResidualPolicy` without a base, on
+student actor-critic (:class:`~robopolicy.refine.scratch.ScratchPolicy`, on
 low-dimensional inputs) → roll out the *student* (its samples execute) while the teacher labels
 every visited state → loss = PPO(student) + λ · ‖student mean − teacher action‖² in normalized
 action units, λ annealed from ``bc_weight`` by ``bc_decay`` per update → evaluate → save the
@@ -36,7 +36,8 @@ from robopolicy.eval.episodes import evaluate_success
 from robopolicy.models import load_policy
 from robopolicy.models.policy import PolicyError
 from robopolicy.refine.common import Curve, RefineRunOptions
-from robopolicy.refine.residual import ResidualConfig, ResidualPolicy, init_from
+from robopolicy.refine.residual import ActorCriticPolicy, ResidualConfig, ResidualPolicy, init_from
+from robopolicy.refine.scratch import ScratchPolicy
 from robopolicy.refine.summary import write_refine_summary
 from robopolicy.rl import PPOSettings, RewardScaler, gae, ppo_update
 from robopolicy.rl.ppo import Batch, normalize_advantages
@@ -110,7 +111,7 @@ class BCTerm:
     student's (unclamped) mean to the teacher's labels, on samples drawn apart from the decisions
     (every visited state is a BC sample, not only the decision states)."""
 
-    def __init__(self, student: ResidualPolicy, x: torch.Tensor, y: torch.Tensor, per_batch: int, minibatches: int,
+    def __init__(self, student: ScratchPolicy, x: torch.Tensor, y: torch.Tensor, per_batch: int, minibatches: int,
                  weight: float):
         self.student, self.x, self.y, self.weight = student, x, y, weight
         self.per_batch, self.minibatches = per_batch, minibatches
@@ -127,8 +128,8 @@ class BCTerm:
 class Run:
     """What the RPD loop carries from update to update."""
 
-    student: ResidualPolicy
-    teacher: ResidualPolicy
+    student: ScratchPolicy
+    teacher: ActorCriticPolicy
     optimizers: list
     scaler: RewardScaler
     executor: ChunkExecutor
@@ -140,7 +141,7 @@ class Run:
     buf_y: torch.Tensor | None = None
 
 
-def build(cfg: RPDConfig, teacher) -> tuple[ResidualPolicy, ResidualPolicy, dict]:
+def build(cfg: RPDConfig, teacher) -> tuple[ScratchPolicy, ActorCriticPolicy, dict]:
     """The student, the teacher as a closed-loop actor (its chunks executed), the env kwargs."""
     teacher = teacher if teacher is not None else load_policy(cfg.base)
     if "time" in cfg.student.inputs:
@@ -150,13 +151,13 @@ def build(cfg: RPDConfig, teacher) -> tuple[ResidualPolicy, ResidualPolicy, dict
     privileged = "environment_state" in cfg.student.inputs
     kw = {"reward": cfg.reward, "privileged": privileged}
     obs_space, act_space = single_spaces(cfg.env, **kw)
-    student = ResidualPolicy(cfg.student, act_space.low, act_space.high, base=None,
-                             state_dim=obs_space["observation.state"].shape[0],
-                             env_state_dim=obs_space[ENV_STATE].shape[0] if privileged else 0)
+    student = ScratchPolicy(cfg.student, act_space.low, act_space.high,
+                            state_dim=obs_space["observation.state"].shape[0],
+                            env_state_dim=obs_space[ENV_STATE].shape[0] if privileged else 0)
     if cfg.init_student:
         init_from(student, cfg.init_student, "init_student")
     teacher_wrap = ResidualPolicy(ResidualConfig(inputs=["base_action"]), act_space.low, act_space.high, base=teacher) \
-        if not isinstance(teacher, ResidualPolicy) else teacher
+        if not isinstance(teacher, ActorCriticPolicy) else teacher
     k = student.config.chunk
     if k > 1 and (teacher_wrap.base is None or teacher_wrap is teacher or teacher.output != "chunk"
                   or teacher.horizon < k):
@@ -309,7 +310,7 @@ def train(cfg: RPDConfig, teacher=None, log: Callable[[str], None] = print) -> d
     return summary
 
 
-def _summary(cfg: RPDConfig, student: ResidualPolicy, teacher: ResidualPolicy, teacher_success: float,
+def _summary(cfg: RPDConfig, student: ScratchPolicy, teacher: ActorCriticPolicy, teacher_success: float,
              before: float, curve: Curve, kw: dict) -> dict:
     """Teacher / student success, sizes and latency."""
     best = curve.best_summary()
@@ -344,7 +345,7 @@ def _stepper(policy) -> tuple[Callable[[dict], np.ndarray], Callable[[list[int] 
     return act, reset
 
 
-def _teacher_label(teacher: ResidualPolicy, obs, k: int, student: ResidualPolicy) -> torch.Tensor:
+def _teacher_label(teacher: ActorCriticPolicy, obs, k: int, student: ScratchPolicy) -> torch.Tensor:
     """The teacher's action(s) for this state in the student's normalized units, ``(B, k * A)``.
 
     A per-step student (k = 1) learns the teacher's closed-loop action (its chunk queue). A chunk
@@ -363,7 +364,7 @@ def _bc_loss(mean: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
     return (mean - target).pow(2).reshape(mean.shape[0], k, -1).sum(-1).mean()
 
 
-def _latency_ms(policy: ResidualPolicy, cfg: RPDConfig, kw: dict, calls: int = 30) -> float:
+def _latency_ms(policy: ActorCriticPolicy, cfg: RPDConfig, kw: dict, calls: int = 30) -> float:
     """Mean ms of one batch-1 ``predict`` on a real observation, every call running the model
     (the teacher re-plans its chunk each call: the cost of one closed-loop decision)."""
     from robopolicy.eval.envs import make_task_env
