@@ -184,7 +184,8 @@ def test_worker_crash_holds_safe_restarts_and_marks_the_episode(served):
     old = daemon.node.source.proc
     os.kill(old.pid, signal.SIGKILL)
     fault = wait_for(lambda: daemon.node.fault, timeout=3.0)
-    assert fault.code == "worker_died" and client.get("/readyz").status_code == 503
+    assert fault.code == "worker_died"
+    wait_for(lambda: client.get("/readyz").status_code == 503, timeout=1.0)
     wait_for(lambda: daemon.worker_restarts >= 1 and daemon.node.source.proc is not old, timeout=5.0)
     ep = client.post("/episodes/stop", headers=auth()).json()["episode"]
     assert "worker_died" in ep["faults"] and ep["worker_restarts"] >= 1
@@ -228,7 +229,8 @@ def test_driver_disconnect_is_a_latched_fault_everywhere(served):
     os.kill(daemon.driver._sim.pid, signal.SIGKILL)
     fault = wait_for(lambda: daemon.node.fault, timeout=5.0)
     assert fault.code == "driver_error"
-    assert client.get("/readyz").json()["why"].startswith("fault latched: driver_error")
+    # the API answers from the daemon's snapshots (every 25 ms): the timing is the test above's
+    wait_for(lambda: client.get("/readyz").json()["why"].startswith("fault latched: driver_error"), timeout=1.0)
     assert client.get("/status").json()["node"]["fault"]["code"] == "driver_error"
     assert 'robopolicy_fault_active{code="driver_error"} 1.0' in client.get("/metrics").text
     time.sleep(0.3)

@@ -1,8 +1,8 @@
 """``robopolicy serve``: a policy on a robot as a long-running, supervised service.
 
 One process holds the control node (its loop thread and watchdog, as in ``robopolicy run``),
-spawns the policy worker process, records episodes and serves the HTTP API (:mod:`.api`) in a
-thread of its own. Nothing here runs in the control loop's path except :meth:`Daemon._on_tick`,
+spawns the policy worker process, records episodes, and feeds the HTTP API, which runs in a
+process of its own (:mod:`.api`) from snapshots the daemon sends it. Nothing here runs in the control loop's path except :meth:`Daemon._on_tick`,
 the node's ``on_observation`` callback, which only keeps references and, at the recording rate,
 puts one tuple on a bounded queue (never blocking: a full queue drops the frame and counts it).
 
@@ -779,9 +779,9 @@ class Daemon:
 
         self.metrics = DaemonMetrics(self)
         if cfg.api.enabled:  # up early: /livez answers and /readyz says why it is not ready yet
-            from robopolicy.deploy.api import ApiServer
+            from robopolicy.deploy.api import ApiProcess
 
-            self.api = ApiServer(self, cfg.api)
+            self.api = ApiProcess(self, cfg.api)
             self.api.start()
             self.log("api_listening", host=cfg.api.host, port=self.api.port, token=cfg.api.token_file is not None)
         self.driver.connect()
@@ -1143,6 +1143,18 @@ class Daemon:
             out["cameras"] = [] if obs is None else [k.rsplit(".", 1)[1] for k in obs if k.startswith("observation.images.")]
         out["recording"] = self.writer.status() if self.writer is not None else {"enabled": False}
         return out
+
+    def timing(self, ticks: int = 500) -> dict:
+        """Loop lateness percentiles (us) over the last ``ticks`` ticks."""
+        node = self.node
+        if node is None:
+            return {"ticks_total": 0, "window": 0, "missed": 0, "lateness_us": None}
+        late = node.timer.recent(max(1, min(int(ticks), 65536))) * 1e6
+        if not len(late):
+            return {"ticks_total": node.timer.n, "window": 0, "missed": node.timer.missed, "lateness_us": None}
+        return {"ticks_total": node.timer.n, "window": int(len(late)), "missed": node.timer.missed,
+                "lateness_us": {"p50": float(np.percentile(late, 50)), "p99": float(np.percentile(late, 99)),
+                                "max": float(late.max())}}
 
     def history_since(self, seconds: float) -> dict:
         items = list(self.history)

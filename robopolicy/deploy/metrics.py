@@ -1,10 +1,10 @@
 """Prometheus metrics of the daemon, read from the node and the daemon at scrape time.
 
-Everything is computed when ``/metrics`` is scraped (a custom collector), so a fault the node has
-latched is in the very next scrape. The loop lateness and inference latency histograms are
-cumulative over the run: :meth:`DaemonMetrics.sample` folds the ticks recorded since its last call
-into fixed buckets (numpy, no per-tick Python); the supervisor calls it every period and a scrape
-calls it too.
+The daemon gathers every value as plain data (:meth:`DaemonMetrics.facts`) with each snapshot it
+sends the API process; that process formats them (:func:`render_facts`), so a scrape costs the
+daemon nothing. The loop lateness and inference latency histograms are cumulative over the run:
+:meth:`DaemonMetrics.sample` folds the ticks recorded since its last call into fixed buckets
+(numpy, no per-tick Python); the supervisor calls it every period.
 """
 
 from __future__ import annotations
@@ -38,11 +38,6 @@ class _Histogram:
             self.counts += np.bincount(idx, minlength=len(self.counts))
             self.sum += float(values.sum())
 
-    def family(self, name: str, doc: str) -> HistogramMetricFamily:
-        cum = np.cumsum(self.counts)
-        buckets = [(repr(float(b)), int(c)) for b, c in zip(self.bounds, cum[:-1])] + [("+Inf", int(cum[-1]))]
-        return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=self.sum)
-
 
 class DaemonMetrics:
     """The ``robopolicy_*`` metrics of one daemon."""
@@ -55,8 +50,6 @@ class DaemonMetrics:
         self._source = None
         self._replies = 0
         self._lock = threading.Lock()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
 
     def sample(self) -> None:
         """Fold the ticks and inference times recorded since the last call into the histograms."""
@@ -83,72 +76,119 @@ class DaemonMetrics:
 
     def render(self) -> tuple[bytes, str]:
         self.sample()
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return render_facts(self.facts())
 
-    def collect(self):
+    def facts(self) -> dict:
+        """Every metric's value as plain data (JSON-able): what :func:`render_facts` formats."""
         d = self.daemon
         node = d.node
         ok, _ = d.ready()
-        yield GaugeMetricFamily("robopolicy_ready", "1 when /readyz is ready", value=1.0 if ok else 0.0)
-        yield GaugeMetricFamily("robopolicy_robot_connected", "1 while the robot is connected",
-                                value=1.0 if d.connected else 0.0)
+        out: dict = {"ready": ok, "connected": d.connected, "node": None}
         if node is None:
-            return
-        yield self.lateness.family("robopolicy_loop_lateness_seconds", "tick start minus its deadline")
+            return out
         timer = node.timer
-        yield CounterMetricFamily("robopolicy_loop_ticks", "control loop ticks", value=timer.n)
-        yield CounterMetricFamily("robopolicy_loop_missed_ticks", "ticks whose work ended after the next deadline",
-                                  value=timer.missed)
-        yield CounterMetricFamily("robopolicy_loop_skipped_ticks", "deadlines jumped over after an overrun",
-                                  value=timer.skipped)
-        yield CounterMetricFamily("robopolicy_loop_stalls", "times the process was not run for > driver_timeout/2",
-                                  value=node.stalls)
-        yield CounterMetricFamily("robopolicy_driver_errors", "driver calls that raised", value=node.driver_errors)
-        faults = CounterMetricFamily("robopolicy_faults", "faults latched, by kind", labels=["code"])
         counts: dict[str, int] = {}
         for f in list(node.faults.history):
             counts[f.code] = counts.get(f.code, 0) + 1
-        for code, n in sorted(counts.items()):
-            faults.add_metric([code], n)
-        yield faults
         active = node.faults.active
+        src = node.source
+        rt = list(getattr(src, "round_trips", ()))[-256:]
+        w = d.writer
+        with self._lock:
+            lateness = (self.lateness.counts.tolist(), self.lateness.sum)
+            infer = (self.infer.counts.tolist(), self.infer.sum)
+        out["node"] = {
+            "lateness": lateness, "infer": infer, "ticks": timer.n, "missed": timer.missed, "skipped": timer.skipped,
+            "stalls": node.stalls, "driver_errors": node.driver_errors, "faults": counts,
+            "active": None if active is None else active.code, "clamps": dict(node.safety.counts),
+            "round_trip_p50": float(np.median(rt)) if rt else float("nan"),
+            "worker": {k: getattr(src, k, 0) for k in ("sent", "replies", "timeouts")},
+            "in_flight": getattr(src, "_in_flight", None) is not None,
+            "restarts": d.worker_restarts, "swaps": d.policy_swaps, "refusals": d.policy_refusals,
+            "writer": None if w is None else {
+                "saved": w.episodes_saved, "failed": w.episodes_failed, "active": w.episode is not None,
+                "paused": bool(w.paused_reason), "frames": w.frames_written, "dropped": w.frames_dropped,
+                "rotated": w.rotated_segments, "queue": w.queue.qsize()},
+        }
+        return out
+
+
+def _histogram(name: str, doc: str, bounds: tuple[float, ...], counts_sum) -> HistogramMetricFamily:
+    counts, total = counts_sum
+    cum = np.cumsum(counts)
+    buckets = [(repr(float(b)), int(c)) for b, c in zip(bounds, cum[:-1])] + [("+Inf", int(cum[-1]))]
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
+
+
+class _Facts:
+    def __init__(self, facts: dict):
+        self._facts = facts
+
+    def collect(self):
+        f = self._facts
+        yield GaugeMetricFamily("robopolicy_ready", "1 when /readyz is ready", value=1.0 if f["ready"] else 0.0)
+        yield GaugeMetricFamily("robopolicy_robot_connected", "1 while the robot is connected",
+                                value=1.0 if f["connected"] else 0.0)
+        n = f.get("node")
+        if n is None:
+            return
+        yield _histogram("robopolicy_loop_lateness_seconds", "tick start minus its deadline", LATENESS_BUCKETS,
+                         n["lateness"])
+        yield CounterMetricFamily("robopolicy_loop_ticks", "control loop ticks", value=n["ticks"])
+        yield CounterMetricFamily("robopolicy_loop_missed_ticks", "ticks whose work ended after the next deadline",
+                                  value=n["missed"])
+        yield CounterMetricFamily("robopolicy_loop_skipped_ticks", "deadlines jumped over after an overrun",
+                                  value=n["skipped"])
+        yield CounterMetricFamily("robopolicy_loop_stalls", "times the process was not run for > driver_timeout/2",
+                                  value=n["stalls"])
+        yield CounterMetricFamily("robopolicy_driver_errors", "driver calls that raised", value=n["driver_errors"])
+        faults = CounterMetricFamily("robopolicy_faults", "faults latched, by kind", labels=["code"])
+        for code, k in sorted(n["faults"].items()):
+            faults.add_metric([code], k)
+        yield faults
         gauge = GaugeMetricFamily("robopolicy_fault_active", "1 while a fault is latched (by kind)", labels=["code"])
-        gauge.add_metric(["any"], 1.0 if active is not None else 0.0)
-        if active is not None:
-            gauge.add_metric([active.code], 1.0)
+        gauge.add_metric(["any"], 1.0 if n["active"] is not None else 0.0)
+        if n["active"] is not None:
+            gauge.add_metric([n["active"]], 1.0)
         yield gauge
         clamps = CounterMetricFamily("robopolicy_safety_clamps", "commands the safety filter limited, by kind",
                                      labels=["kind"])
-        for kind, n in sorted(dict(node.safety.counts).items()):
-            clamps.add_metric([kind], n)
+        for kind, k in sorted(n["clamps"].items()):
+            clamps.add_metric([kind], k)
         yield clamps
-        yield self.infer.family("robopolicy_inference_seconds", "policy worker inference time per chunk")
-        src = node.source
-        rt = list(getattr(src, "round_trips", ()))[-256:]
+        yield _histogram("robopolicy_inference_seconds", "policy worker inference time per chunk", INFER_BUCKETS,
+                         n["infer"])
         yield GaugeMetricFamily("robopolicy_round_trip_seconds_p50", "observation to chunk round trip, last 256",
-                                value=float(np.median(rt)) if rt else float("nan"))
-        for name, attr, doc in (("robopolicy_worker_requests", "sent", "observations sent to the worker"),
-                                ("robopolicy_worker_replies", "replies", "chunks received from the worker"),
-                                ("robopolicy_worker_timeouts", "timeouts", "requests given up")):
-            yield CounterMetricFamily(name, doc + " (this worker)", value=getattr(src, attr, 0))
-        yield CounterMetricFamily("robopolicy_worker_restarts", "policy worker restarts", value=d.worker_restarts)
-        yield CounterMetricFamily("robopolicy_policy_swaps", "policies hot-swapped", value=d.policy_swaps)
-        yield CounterMetricFamily("robopolicy_policy_refusals", "policy swaps refused", value=d.policy_refusals)
-        w = d.writer
+                                value=n["round_trip_p50"])
+        for name, key, doc in (("robopolicy_worker_requests", "sent", "observations sent to the worker"),
+                               ("robopolicy_worker_replies", "replies", "chunks received from the worker"),
+                               ("robopolicy_worker_timeouts", "timeouts", "requests given up")):
+            yield CounterMetricFamily(name, doc + " (this worker)", value=n["worker"][key])
+        yield CounterMetricFamily("robopolicy_worker_restarts", "policy worker restarts", value=n["restarts"])
+        yield CounterMetricFamily("robopolicy_policy_swaps", "policies hot-swapped", value=n["swaps"])
+        yield CounterMetricFamily("robopolicy_policy_refusals", "policy swaps refused", value=n["refusals"])
+        w = n["writer"]
         if w is not None:
-            yield CounterMetricFamily("robopolicy_episodes_saved", "episodes committed", value=w.episodes_saved)
+            yield CounterMetricFamily("robopolicy_episodes_saved", "episodes committed", value=w["saved"])
             yield CounterMetricFamily("robopolicy_episodes_failed", "episodes lost to a recording error",
-                                      value=w.episodes_failed)
+                                      value=w["failed"])
             yield GaugeMetricFamily("robopolicy_episode_active", "1 while an episode runs",
-                                    value=1.0 if w.episode is not None else 0.0)
+                                    value=1.0 if w["active"] else 0.0)
             yield GaugeMetricFamily("robopolicy_recording_paused", "1 while recording is paused (disk)",
-                                    value=1.0 if w.paused_reason else 0.0)
-            yield CounterMetricFamily("robopolicy_frames_recorded", "frames written", value=w.frames_written)
+                                    value=1.0 if w["paused"] else 0.0)
+            yield CounterMetricFamily("robopolicy_frames_recorded", "frames written", value=w["frames"])
             yield CounterMetricFamily("robopolicy_frames_dropped", "frames dropped (writer queue full)",
-                                      value=w.frames_dropped)
+                                      value=w["dropped"])
             yield CounterMetricFamily("robopolicy_segments_rotated", "dataset segments deleted by the quota",
-                                      value=w.rotated_segments)
+                                      value=w["rotated"])
         queues = GaugeMetricFamily("robopolicy_queue_depth", "items waiting, by queue", labels=["queue"])
-        queues.add_metric(["recorder"], float(w.queue.qsize()) if w is not None else 0.0)
-        queues.add_metric(["worker_in_flight"], 1.0 if getattr(src, "_in_flight", None) is not None else 0.0)
+        queues.add_metric(["recorder"], float(w["queue"]) if w is not None else 0.0)
+        queues.add_metric(["worker_in_flight"], 1.0 if n["in_flight"] else 0.0)
         yield queues
+
+
+def render_facts(facts: dict) -> tuple[bytes, str]:
+    """Prometheus text of :meth:`DaemonMetrics.facts` (in the daemon or in the API process)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Facts(facts))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
