@@ -24,7 +24,7 @@ import sys
 
 from robopolicy.config import ConfigError
 
-METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "hg-dagger", "rpd")
+METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "hg-dagger", "rpd", "world-model")
 NEEDS_BASE = {"residual-ppo": " (or use --method ppo)", "residual-td3": "", "dagger": "", "hg-dagger": "",
               "rpd": " (the teacher)"}
 """The methods that refine (or distil) a checkpoint given by --checkpoint, and what their error adds."""
@@ -57,6 +57,8 @@ def config_class(method: str) -> type:
         from robopolicy.teleop.hg_dagger import HGDAggerConfig as cls
     elif method == "rpd":
         from robopolicy.refine.rpd import RPDConfig as cls
+    elif method == "world-model":
+        from robopolicy.world.imagine import WorldRefineConfig as cls
     else:
         raise ValueError(f"unknown refine method {method!r}; one of {METHODS}")
     return cls
@@ -90,6 +92,7 @@ def _steps_to(steps: int | None) -> str:
 def cmd_refine(args: argparse.Namespace) -> int:
     from robopolicy.config import load_config
     from robopolicy.models.policy import PolicyError
+    from robopolicy.world.model import WorldModelError
 
     overrides = _overrides(args)
     try:
@@ -145,6 +148,13 @@ def cmd_refine(args: argparse.Namespace) -> int:
             rows = [("base", s["before"]), (f"after HG-DAgger ({s['labels']} labels)", s["after"])]
             extra = (f"labels {s['labels']} ({100 * s['label_fraction']:.1f}% of the steps) | gain "
                      f"{s['gain_pts']:+.1f} pts; {s['takeovers']} take-overs, {s['lapses']} lapses")
+        elif args.method == "world-model":
+            from robopolicy.world import imagine
+
+            s = imagine.train(cfg)
+            rows = [("start", s["before"]), ("after world-model refinement", s["after"])]
+            extra = (f"env steps to 80% success: {_steps_to(s['steps_to_80'])}; "
+                     f"ensemble disagreement {s['disagreement']:.4f}")
         else:
             from robopolicy.refine import rpd
 
@@ -157,7 +167,7 @@ def cmd_refine(args: argparse.Namespace) -> int:
             extra = (f"teacher {s['teacher_params']:,} params, student {s['student_params']:,} "
                      f"({s['size_ratio']:.0f}x smaller); latency {s['latency_ms']['teacher']:.2f} ms vs "
                      f"{s['latency_ms']['student']:.2f} ms ({s['latency_ratio']:.0f}x)")
-    except PolicyError as exc:
+    except (PolicyError, WorldModelError) as exc:
         print(f"robopolicy refine: {exc}")
         return 1
     print("\n| policy | success | other |\n|---|---|---|")
