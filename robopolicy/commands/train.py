@@ -2,6 +2,7 @@
 
     robopolicy train --config configs/train/arm/chunk_l1.yaml data.dataset=data/arm_pp steps=2000
     robopolicy train --config configs/train/track/stage2_ground.yaml --resume
+    robopolicy train --config configs/train/point/chunk.yaml --nproc 2             # DDP, 2 processes (torchrun)
     robopolicy train --config configs/train/arm/state_chunk.yaml --print-config   # every setting, resolved
     robopolicy train --help                                                        # the settings, one line each
 """
@@ -18,6 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="YAML recipe (TrainConfig), e.g. configs/train/arm/chunk_l1.yaml")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run's out dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel processes on this machine (torch DDP through torchrun: NCCL on GPUs, "
+                        "gloo on the CPU); batch_size stays the global batch, split across them")
     p.add_argument("--print-config", action="store_true",
                    help="print every setting with its value (defaults < --config < overrides) and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value",
@@ -53,6 +57,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from robopolicy.train.trainer import TrainConfig, TrainError, train
 
     overrides = list(args.overrides)
+    if args.nproc > 1 and not args.print_config:
+        from robopolicy.scale.ddp import launch
+
+        argv = ["train"] + (["--config", args.config] if args.config else [])
+        argv += ["--resume"] * args.resume + ["--no-progress"] * args.no_progress + overrides
+        return launch(argv, args.nproc)
     if args.resume:
         overrides.append("resume=true")
     if args.no_progress:

@@ -27,8 +27,8 @@ class CachedFeatureBatches:
     """
 
     def __init__(self, dataset: TrainingDataset, features: Mapping[str, np.ndarray], batch_size: int,
-                 seed: int = 0):
-        self.ds, self.batch_size = dataset, int(batch_size)
+                 seed: int = 0, shard: tuple[int, int] = (0, 1)):
+        self.ds, self.batch_size, self.shard = dataset, int(batch_size), shard
         self.roles = list(dataset.cameras)
         missing = [r for r in self.roles if r not in features]
         if missing:
@@ -77,20 +77,55 @@ class CachedFeatureBatches:
         return out
 
     def __iter__(self) -> Iterator[dict]:
-        """Endless shuffled epochs (the last partial batch of an epoch is dropped)."""
+        """Endless shuffled epochs (the last partial batch of an epoch is dropped). With
+        ``shard=(rank, world)`` every rank draws the same global batch and yields its own part."""
         n = len(self.rows)
-        bs = min(self.batch_size, n)
+        world = self.shard[1]
+        bs = min(self.batch_size, n) // world * world  # a dataset smaller than a batch: equal shares still
+        part = _part(bs, *self.shard)
         while True:
             order = self.rng.permutation(n)
             for i in range(0, n - bs + 1, bs):
-                yield self.batch(order[i:i + bs])
+                yield self.batch(order[i:i + bs][part])
 
 
-def frame_batches(dataset: TrainingDataset, batch_size: int, num_workers: int = 0, seed: int = 0) -> Iterator[dict]:
-    """Endless shuffled batches of decoded frames through a torch DataLoader."""
-    g = torch.Generator().manual_seed(seed)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=min(batch_size, len(dataset)), shuffle=True,
-                                         drop_last=True, num_workers=num_workers, generator=g,
-                                         persistent_workers=num_workers > 0)
+def _part(batch_size: int, rank: int, world: int) -> slice:
+    """Rank ``rank``'s contiguous share of a global batch of ``batch_size`` (an equal share each)."""
+    per_rank = batch_size // world
+    return slice(rank * per_rank, (rank + 1) * per_rank)
+
+
+class ShardedBatches(torch.utils.data.Sampler):
+    """Batch indices for one rank of ``world``: every rank shuffles with the same seed, takes the
+    same global batches and keeps its own share of each (a new permutation every epoch)."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int, world: int):
+        self.n, self.bs, self.seed = n, min(batch_size, n) // world * world, seed
+        self.part = _part(self.bs, rank, world)
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return self.n // self.bs
+
+    def __iter__(self):
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        self.epoch += 1
+        for i in range(0, self.n - self.bs + 1, self.bs):
+            yield order[i:i + self.bs][self.part].tolist()
+
+
+def frame_batches(dataset: TrainingDataset, batch_size: int, num_workers: int = 0, seed: int = 0,
+                  shard: tuple[int, int] = (0, 1)) -> Iterator[dict]:
+    """Endless shuffled batches of decoded frames through a torch DataLoader (``shard=(rank, world)``:
+    this rank's share of each global batch, see :class:`ShardedBatches`)."""
+    if shard[1] > 1:
+        sampler = ShardedBatches(len(dataset), batch_size, seed, *shard)
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                                             persistent_workers=num_workers > 0)
+    else:
+        g = torch.Generator().manual_seed(seed)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=min(batch_size, len(dataset)), shuffle=True,
+                                             drop_last=True, num_workers=num_workers, generator=g,
+                                             persistent_workers=num_workers > 0)
     while True:
         yield from loader

@@ -28,6 +28,10 @@ Output directory::
     <out>/train_summary.json          samples/s, first/last losses, timings
 
 ``resume=true`` (``--resume``) continues from the newest checkpoint in ``<out>/checkpoints``.
+
+Under torchrun (``robopolicy train --nproc N``) the run is data-parallel (``robopolicy.scale.ddp``):
+each rank steps on its share of the same global ``batch_size``; rank 0 alone builds the caches
+first and writes the outputs above.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from robopolicy.models.feature_cache import ensure_features
 from robopolicy.models.modular import ModularPolicy
 from robopolicy.models.aux_heads import AuxHeadError, head_sizes, required_labels
 from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError, check_io, check_loss_heads
+from robopolicy.scale.ddp import Dist, wrap
 from robopolicy.utils.files import atomic_write_text
 from robopolicy.utils.records import write_summary
 
@@ -451,50 +456,65 @@ def _load_locator(path: str, actor: Policy, env_key: str | None) -> Policy:
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> TrainResult:
     """Run one training recipe; see the module docstring."""
     threads = torch.get_num_threads()
+    dist = Dist.from_env()
     try:
-        if cfg.threads > 0:
+        if cfg.threads > 0 and not dist.enabled:  # under torchrun, OMP_NUM_THREADS shares the cores
             torch.set_num_threads(cfg.threads)
-        return _train(cfg, log)
+        return _train(cfg, log if dist.is_main else (lambda message: None), dist)
     finally:
+        dist.close()
         torch.set_num_threads(threads)
 
 
-def _train(cfg: TrainConfig, log: Callable[[str], None]) -> TrainResult:
+def _train(cfg: TrainConfig, log: Callable[[str], None], dist: Dist) -> TrainResult:
     """Set up a run (dataset, policy, optimizer, resume point), take its steps, save it."""
     out = Path(cfg.out)
     latest = _check_out_dir(cfg, out)
+    if dist.check_batch(cfg.batch_size):
+        raise TrainError(dist.check_batch(cfg.batch_size))
     seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
+    device = dist.device(resolve_device(cfg.device))
+    dist.init(device)
     amp_dtype = _amp_dtype(cfg.amp, device, log)
     weights = loss_weights(cfg)
-    ds = build_dataset(cfg, progress=cfg.progress)
+    with dist.rank_zero_first():  # rank 0 builds the training cache, the others read it
+        ds = build_dataset(cfg, progress=cfg.progress and dist.is_main)
     env_key = cfg.data.features.env_state
     model_cfg = model_config_for(cfg.model, ds, env_key)
     policy = Policy(model_cfg, policy_stats(model_cfg, ds, env_key)).to(device)
+    if dist.enabled:
+        torch.manual_seed(dist.seed(cfg.seed))
     locator = _load_locator(cfg.locator, policy, env_key) if cfg.locator else None
     if cfg.init_from and latest is None:
         _init_from(policy, cfg.init_from, log)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_resolved_config(out, dataclasses.replace(cfg, model=model_cfg))
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_resolved_config(out, dataclasses.replace(cfg, model=model_cfg))
     n_params = sum(p.numel() for p in policy.parameters())
     n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     log(f"[train] {cfg.name}: {ds}")
     log(f"[train] policy: head={model_cfg.head} aux={model_cfg.aux_heads} params={n_params / 1e6:.2f}M "
         f"(trainable {n_train / 1e6:.2f}M) device={device} losses={weights}")
+    if dist.enabled:
+        log(f"[train] data-parallel: {dist.world} processes, {cfg.batch_size // dist.world} samples each per step")
 
-    use_cache, feats, feature_seconds = _features(cfg, ds, policy, device, log)
-    run = _Run(cfg, out, policy, device, amp_dtype, locator)
+    with dist.rank_zero_first():  # the frozen-feature cache is encoded once, by rank 0
+        use_cache, feats, feature_seconds = _features(cfg, ds, policy, device, log, dist.is_main)
+    run = _Run(cfg, out, policy, device, amp_dtype, locator, dist)
     start_step = run.resume(latest, log)
-    batches = _batches(cfg, ds, feats, use_cache, policy.vision is None, cfg.seed + start_step, log)
+    batches = _batches(cfg, ds, feats, use_cache, policy.vision is None, cfg.seed + start_step, log, dist.shard)
     if env_key and env_key != ENV_STATE:
         batches = _renamed(batches, env_key, ENV_STATE)
-    metrics = MetricsLog(out, resume=latest is not None, log=log)
+    metrics = MetricsLog(out, resume=latest is not None, log=log) if dist.is_main else None
     t0, started_at = time.perf_counter(), time.time()
     first = run.steps(batches, weights, start_step, metrics)
     seconds = time.perf_counter() - t0
     result, summary = _finish(run, metrics, first, start_step, seconds, feature_seconds, use_cache, log)
-    write_summary(out, kind="train", config=cfg, seeds=[cfg.seed], wall_time_s=seconds,
-                  started_at=started_at, metrics={**summary, "steps_run": cfg.steps - start_step})
+    if dist.is_main:
+        write_summary(out, kind="train", config=cfg, seeds=[cfg.seed], wall_time_s=seconds,
+                      started_at=started_at, metrics={**summary, "steps_run": cfg.steps - start_step,
+                                                      "processes": dist.world})
+    dist.barrier()  # the others return once the run's outputs are complete
     return result
 
 
@@ -537,7 +557,7 @@ def _write_resolved_config(out: Path, resolved: TrainConfig) -> None:
 
 
 def _features(cfg: TrainConfig, ds: TrainingDataset, policy: Policy, device: torch.device,
-              log: Callable[[str], None]) -> tuple[bool, dict, float]:
+              log: Callable[[str], None], progress: bool = True) -> tuple[bool, dict, float]:
     """``(train on cached features?, the cached features per camera, seconds spent encoding)``."""
     no_camera = policy.vision is None
     use_cache = no_camera or (cfg.data.feature_cache and policy.vision.frozen)
@@ -546,24 +566,25 @@ def _features(cfg: TrainConfig, ds: TrainingDataset, policy: Policy, device: tor
     t_feat = time.perf_counter()
     feats = {}
     if use_cache and not no_camera:
-        feats = ensure_features(ds, policy.vision, cfg.data.feature_cache_dir, progress=cfg.progress,
+        feats = ensure_features(ds, policy.vision, cfg.data.feature_cache_dir, progress=cfg.progress and progress,
                                 device=device, log=log, embed_text=policy.frame_text,
                                 text_model=policy.config.language.model if policy.language is not None else None)
     return use_cache, feats, time.perf_counter() - t_feat
 
 
 def _batches(cfg: TrainConfig, ds: TrainingDataset, feats: dict, use_cache: bool, no_camera: bool, seed: int,
-             log: Callable[[str], None]):
-    """The endless batch iterator: cached features, or frames (augmented when asked)."""
+             log: Callable[[str], None], shard: tuple[int, int] = (0, 1)):
+    """The endless batch iterator: cached features, or frames (augmented when asked); ``shard``:
+    ``(rank, world)``, this process's share of every global batch."""
     if use_cache:
         from robopolicy.train.data import CachedFeatureBatches
 
         if cfg.augment.shift > 0 and not no_camera:
             log("[train] augment.shift ignored: frozen encoders train on cached features")
-        return iter(CachedFeatureBatches(ds, feats, cfg.batch_size, seed=seed))
+        return iter(CachedFeatureBatches(ds, feats, cfg.batch_size, seed=seed, shard=shard))
     from robopolicy.train.data import frame_batches
 
-    batches = frame_batches(ds, cfg.batch_size, cfg.data.num_workers, seed=seed)
+    batches = frame_batches(ds, cfg.batch_size, cfg.data.num_workers, seed=seed, shard=shard)
     return shifted(batches, cfg.augment.shift, seed) if cfg.augment.shift > 0 else batches
 
 
@@ -571,9 +592,11 @@ class _Run:
     """The optimizer side of a run: optimizer, EMA, grad scaler, checkpoints, the step loop."""
 
     def __init__(self, cfg: TrainConfig, out: Path, policy: Policy, device: torch.device,
-                 amp_dtype: torch.dtype | None, locator: Policy | None):
+                 amp_dtype: torch.dtype | None, locator: Policy | None, dist: Dist = Dist()):
         self.cfg, self.out, self.policy, self.device, self.amp_dtype, self.locator = (
             cfg, out, policy, device, amp_dtype, locator)
+        self.dist = dist
+        self.losses = wrap(policy, dist, device)  # policy.losses, or its DDP wrapper
         self.opt = torch.optim.AdamW(param_groups(policy, cfg.optim), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
         for g in self.opt.param_groups:
             g["initial_lr"] = cfg.optim.lr * g["lr_mult"]
@@ -597,7 +620,7 @@ class _Run:
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
         start_step = int(state["step"])
-        seed_everything(self.cfg.seed + start_step)
+        seed_everything(self.dist.seed(self.cfg.seed + start_step))
         log(f"[train] resumed from {latest} at step {start_step}")
         return start_step
 
@@ -627,7 +650,7 @@ class _Run:
             g["lr"] = g["initial_lr"] * factor
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
         with autocast:
-            losses = policy.losses(batch, weights)
+            losses = self.losses(batch, weights)
         loss = losses["total"]
         if not torch.isfinite(loss):
             raise TrainError(f"step {step}: loss is {loss.item()} ({ {k: float(v) for k, v in losses.items()} })")
@@ -648,16 +671,18 @@ class _Run:
             self.ema.update(policy)
         return losses
 
-    def steps(self, batches, weights: dict[str, float], start_step: int, metrics: MetricsLog) -> dict[str, float]:
+    def steps(self, batches, weights: dict[str, float], start_step: int, metrics: MetricsLog | None) -> dict[str, float]:
         """Steps ``start_step .. cfg.steps``, logging every ``log_every`` and checkpointing every
-        ``save_every``; returns the first step's losses."""
+        ``save_every``; returns the first step's losses (averaged over the ranks, like the logged
+        ones; ``metrics`` is ``None`` on the ranks that write nothing)."""
         from tqdm import tqdm
 
-        cfg = self.cfg
+        cfg, dist = self.cfg, self.dist
         self.policy.train()
         running: dict[str, list[float]] = {}
         first: dict[str, float] = {}
-        bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.name, unit="step", disable=not cfg.progress,
+        bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.name, unit="step",
+                   disable=not cfg.progress or not dist.is_main,
                    mininterval=0.5, dynamic_ncols=True)
         t_log, samples_since = time.perf_counter(), 0
         for step in range(start_step, cfg.steps):
@@ -667,41 +692,48 @@ class _Run:
             for k, v in losses.items():
                 running.setdefault(k, []).append(float(v.detach()))
             if not first:
-                first = {k: float(v.detach()) for k, v in losses.items()}
+                first = dist.mean({k: float(v.detach()) for k, v in losses.items()}, self.device)
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.steps:
                 now = time.perf_counter()
-                sps = samples_since / max(now - t_log, 1e-9)
+                sps = samples_since * dist.world / max(now - t_log, 1e-9)
                 t_log, samples_since = now, 0
-                avg = {f"loss/{k}": float(np.mean(v)) for k, v in running.items()}
+                avg = dist.mean({f"loss/{k}": float(np.mean(v)) for k, v in running.items()}, self.device)
                 running = {}
-                metrics.add(done, {**avg, "lr": self.opt.param_groups[0]["lr"], "samples_per_s": sps})
+                if metrics is not None:
+                    metrics.add(done, {**avg, "lr": self.opt.param_groups[0]["lr"], "samples_per_s": sps})
                 bar.set_postfix(loss=f"{avg['loss/total']:.4f}", sps=f"{sps:.0f}")
             bar.update(1)
             if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-                self.save(done, self.out / "checkpoints" / f"step_{done:06d}", trainer_state=True)
+                if dist.is_main:
+                    self.save(done, self.out / "checkpoints" / f"step_{done:06d}", trainer_state=True)
+                dist.barrier()
         bar.close()
         return first
 
 
-def _finish(run: _Run, metrics: MetricsLog, first: dict[str, float], start_step: int, seconds: float,
+def _finish(run: _Run, metrics: MetricsLog | None, first: dict[str, float], start_step: int, seconds: float,
             feature_seconds: float, use_cache: bool, log: Callable[[str], None]) -> tuple[TrainResult, dict]:
     """Save the last trainer state and the final policy; plot and summarize the run (the result
-    and the summary written to ``train_summary.json``)."""
+    and the summary written to ``train_summary.json``). Only the rank with ``metrics`` writes."""
     cfg, out = run.cfg, run.out
     steps_run = cfg.steps - start_step
-    run.save(cfg.steps, out / "checkpoints" / f"step_{cfg.steps:06d}", trainer_state=True)
-    run.save(cfg.steps, out / "final", trainer_state=False)
+    if metrics is not None:
+        run.save(cfg.steps, out / "checkpoints" / f"step_{cfg.steps:06d}", trainer_state=True)
+        run.save(cfg.steps, out / "final", trainer_state=False)
     if run.locator is not None:
         log(f"[train] {out / 'final'}: a modular policy (locator {cfg.locator} + this actor)")
-    plot = metrics.plot(out / "losses.png", f"{cfg.name} ({run.policy.config.head})")
-    metrics.close()
-    last = {k.removeprefix("loss/"): v for k, v in metrics.rows[-1].items() if k.startswith("loss/")} if metrics.rows else {}
+    plot = metrics.plot(out / "losses.png", f"{cfg.name} ({run.policy.config.head})") if metrics else None
+    rows = metrics.rows if metrics is not None else []
+    if metrics is not None:
+        metrics.close()
+    last = {k.removeprefix("loss/"): v for k, v in rows[-1].items() if k.startswith("loss/")} if rows else {}
     result = TrainResult(out=out, final=out / "final", steps=cfg.steps,
                          samples_per_s=steps_run * cfg.batch_size / seconds if steps_run else 0.0,
                          seconds=seconds, feature_seconds=feature_seconds, first_losses=first,
                          last_losses=last, used_feature_cache=use_cache)
     summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}
     summary["loss_plot"] = str(plot) if plot else None
-    atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1))
+    if metrics is not None:
+        atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1))
     return result, summary
