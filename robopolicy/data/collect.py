@@ -42,6 +42,7 @@ from robopolicy.data.recorder import (
     recover,
 )
 from robopolicy.envs import EnvConfig, make_env
+from robopolicy.scale.ray_backend import RayConfig
 
 
 @dataclass
@@ -50,7 +51,9 @@ class CollectConfig:
 
     env: EnvConfig = field(default_factory=EnvConfig)
     episodes: int = 10  # total episodes wanted in the dataset (resume counts the ones already there)
-    workers: int = 1  # oracle processes (1: run in this process)
+    workers: int = 1  # oracle processes (1: run in this process), or Ray actors with backend=ray
+    backend: str = "local"  # local: worker processes on this machine; ray: Ray actors (robopolicy[scale])
+    ray: RayConfig = field(default_factory=RayConfig)  # with backend=ray: ray.address (None: a local Ray)
     noise: float = 0.1  # DART noise on the executed action; the recorded label stays clean
     seed: int = 0  # episode i uses seed + i
     out: str = "outputs/datasets/collect"
@@ -74,6 +77,7 @@ class CollectSummary:
     total_episodes: int  # in the dataset now
     errors: list[str] = field(default_factory=list)
     posed: bool = False  # posed frames, not oracle episodes: there is no success to report
+    reruns: int = 0  # episodes run again because their worker died (backend=ray)
 
     @property
     def frames_per_s(self) -> float:
@@ -87,6 +91,8 @@ class CollectSummary:
                 ("time", f"{self.seconds:.1f} s"), ("frames/s", f"{self.frames_per_s:.1f}")]
         if self.errors:
             rows.append(("errors", str(len(self.errors))))
+        if self.reruns:
+            rows.append(("episodes rerun (worker died)", str(self.reruns)))
         width = max(len(r[0]) for r in rows)
         lines = [f"| {'':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
         lines += [f"| {k:<{width}} | {v} |" for k, v in rows]
@@ -281,6 +287,8 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         raise ValueError(f"episodes, workers and layouts_per_episode must be >= 1 and poses >= 0, got "
                          f"episodes={cfg.episodes} workers={cfg.workers} poses={cfg.poses} "
                          f"layouts_per_episode={cfg.layouts_per_episode}")
+    if cfg.backend not in ("local", "ray"):
+        raise ValueError(f"backend must be local or ray, got {cfg.backend!r}")
     quiet_encoders()
     root = Path(cfg.out)
     env_cfg = env_config_with_size(cfg)
@@ -316,7 +324,7 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
     what = (f"{posed.layouts} layouts x {posed.poses} posed frames each" if posed is not None
             else f"noise {cfg.noise}")
     log(f"[collect] {env_cfg.label()}: {len(todo)} episode(s) to record ({len(done_seeds)} already in {root}), "
-        f"{cfg.workers} worker(s), {what}")
+        f"{cfg.workers} worker(s){' (Ray actors)' if cfg.backend == 'ray' else ''}, {what}")
 
     from tqdm.auto import tqdm
 
@@ -324,6 +332,7 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
     t0 = time.perf_counter()
     frames = successes = committed = 0
     errors: list[str] = []
+    reruns = 0
 
     def on_result(result: dict) -> None:
         nonlocal frames, successes, committed
@@ -337,7 +346,14 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         bar.update(1)
 
     try:
-        if cfg.workers == 1 or len(todo) <= 1:
+        if cfg.backend == "ray":
+            from robopolicy.scale.ray_backend import collect_on_ray
+
+            env.close()
+            env_dict = {"id": env_cfg.id, "kwargs": dict(env_cfg.kwargs)}
+            reruns = collect_on_ray(cfg.ray, cfg.workers, env_dict, root, features, fps, cfg.noise, cfg.vcodec,
+                                    robot_type, todo, on_result, errors, posed).reruns
+        elif cfg.workers == 1 or len(todo) <= 1:
             for seed in todo:
                 on_result(_stage_one(env, root, features, fps, seed, cfg.noise, cfg.vcodec, robot_type, "w0",
                                      posed=posed))
@@ -349,7 +365,7 @@ def collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectSu
         env.close()
     seconds = time.perf_counter() - t0
     return CollectSummary(committed, frames, successes, seconds, int(read_info(root)["total_episodes"]), errors,
-                          posed=posed is not None)
+                          posed=posed is not None, reruns=reruns)
 
 
 def _run_workers(cfg: CollectConfig, env_cfg: EnvConfig, root: Path, features: dict, fps: int,
