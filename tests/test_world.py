@@ -102,6 +102,7 @@ def test_world_model_learns_point_reach_and_eval_reports(point_dataset, tmp_path
     assert after["state_error_k1"] < 0.5 * before["state_error_k1"], (before, after)
     assert after["state_error_k4"] < before["state_error_k4"]
     assert after["success_auc"] is not None and after["success_auc"] > 0.7, after
+    assert after["latent_spread"] > 0
     assert (tmp_path / "e1" / "prediction.png").stat().st_size > 1000
     assert "state error k=1" in capsys.readouterr().out
 

@@ -137,6 +137,8 @@ def evaluate(cfg: WorldEvalConfig, log=print) -> dict:
         pred_states = model.decode_state(zs).numpy()
         latent_err = (zs[:, 1:] - model.encode(states[:, 1:])).pow(2).mean(-1).sqrt().numpy()  # (N, K)
         p_success = torch.sigmoid(model.success(zs[:, 1:])).numpy()
+        # how far apart the encoder puts the simulated states (near 0: the latent collapsed)
+        latent_spread = model.encode(torch.cat([states[:, 0], states[:, 1:][torch.as_tensor(sim["alive"])]])).std(0).mean().item()
     alive = sim["alive"]
     state_err = np.sqrt(((pred_states[:, 1:] - sim["states"][:, 1:]) ** 2).mean(-1))  # (N, K)
     count = alive.sum(0)
@@ -145,7 +147,7 @@ def evaluate(cfg: WorldEvalConfig, log=print) -> dict:
     success_auc = auc(p_success[alive], sim["success"][alive])
     metrics = {f"state_error_k{k}": float(state_k[k - 1]) for k in REPORTED_STEPS if k <= cfg.horizon}
     metrics.update({f"latent_error_k{k}": float(latent_k[k - 1]) for k in REPORTED_STEPS if k <= cfg.horizon})
-    metrics.update({"success_auc": success_auc, "simulated_steps": int(alive.sum()),
+    metrics.update({"success_auc": success_auc, "latent_spread": latent_spread, "simulated_steps": int(alive.sum()),
                     "successes": int(sim["success"][alive].sum()), "state_error": state_k.tolist(),
                     "episodes_alive": count.tolist()})
     out = Path(cfg.out)
