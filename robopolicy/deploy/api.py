@@ -166,9 +166,11 @@ class ApiProcess:
 
     def snapshot(self) -> dict:
         d = self.daemon
-        ok, why = d.ready()
-        return {"type": "snapshot", "ready": [ok, why], "status": _plain_json(d.status()),
-                "metrics": d.metrics.facts() if d.metrics is not None else {"ready": ok, "connected": d.connected}}
+        status = d.status()  # readiness and the fault read once, together
+        ok, why = status["ready"], status["why"]
+        metrics = d.metrics.facts() if d.metrics is not None else {"connected": d.connected}
+        metrics["ready"] = ok
+        return {"type": "snapshot", "ready": [ok, why], "status": _plain_json(status), "metrics": metrics}
 
     def _publish(self) -> None:
         next_t = time.monotonic()
@@ -394,7 +396,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bridge-fd", type=int, required=True)
     p.add_argument("--token-file")
     args = p.parse_args(argv)
+    import os
+
     import uvicorn
+
+    try:  # on a busy robot computer the daemon's threads (and the loop's GIL) come first
+        os.nice(10)
+    except OSError:
+        pass
 
     from robopolicy.deploy.daemon import read_token
 

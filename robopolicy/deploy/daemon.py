@@ -1043,14 +1043,18 @@ class Daemon:
         return True, f"cleared {fault.code}"
 
     # -- health --------------------------------------------------------------------------------
-    def ready(self) -> tuple[bool, str]:
-        """(ready, why not): robot connected, loop ticking, no fault, worker alive and answering."""
+    _UNREAD = object()
+
+    def ready(self, fault: Any = _UNREAD) -> tuple[bool, str]:
+        """(ready, why not): robot connected, loop ticking, no fault, worker alive and answering.
+        ``fault``: the latched fault as the caller already read it (one consistent status)."""
         node = self.node
         if node is None or not self.connected:
             return False, "robot not connected"
         if self.stopping.is_set():
             return False, "stopping"
-        fault = node.faults.active
+        if fault is Daemon._UNREAD:
+            fault = node.faults.active
         if fault is not None:
             return False, f"fault latched: {fault.code}: {fault.reason}"
         if not self._loop_alive():
@@ -1122,7 +1126,8 @@ class Daemon:
 
     def status(self) -> dict:
         node = self.node
-        ok, why = self.ready()
+        fault = node.faults.active if node is not None else None
+        ok, why = self.ready(fault)
         out: dict[str, Any] = {
             "robot": self.cfg.robot.name, "kind": self.driver.spec.kind if self.driver else None,
             "policy": self.policy, "ready": ok, "why": why, "uptime_s": time.monotonic() - self.t_start,
@@ -1133,7 +1138,6 @@ class Daemon:
         }
         if node is not None:
             s = node.status()
-            fault = node.faults.active
             s["fault"] = None if fault is None else {"code": fault.code, "reason": fault.reason}
             out["node"] = s
             out["names"] = list(self.driver.spec.names)
