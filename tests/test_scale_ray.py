@@ -93,3 +93,51 @@ def test_a_killed_collection_worker_is_replaced_and_its_episode_rerun(local_ray,
     a, b = episodes_by_seed(tmp_path / "ref"), episodes_by_seed(out)
     for seed in a:
         np.testing.assert_array_equal(a[seed], b[seed])
+
+
+# ----------------------------------------------------------------------------- evaluation
+class FeedbackPolicy:
+    """A chunk that depends on the state, so every seed gives its own episode."""
+
+    kind = "action"
+
+    def predict(self, obs):
+        import torch
+
+        state = obs["observation.state"].reshape(len(obs["task"]), -1).float()
+        return torch.tanh(state[:, :6] * 3.0)[:, None].expand(-1, 4, -1).clone()
+
+    def reset(self, rows=None):
+        pass
+
+
+def arm_eval(tmp_path, **kw):
+    from robopolicy.eval import EvalConfig
+
+    base = dict(env=EnvConfig("robopolicy/ArmReach-v0", {"max_steps": 15}), episodes=6, workers=2, videos=0,
+                out=str(tmp_path), image_size=32, progress=False)
+    return EvalConfig(**{**base, **kw})
+
+
+def test_ray_evaluation_gives_the_local_episodes_even_when_an_env_worker_dies(local_ray, tmp_path):
+    from robopolicy.eval import evaluate
+
+    local = evaluate(FeedbackPolicy(), arm_eval(tmp_path / "local"), log=lambda m: None).splits[0]
+    remote = evaluate(FeedbackPolicy(), arm_eval(tmp_path / "ray", backend="ray"), log=lambda m: None).splits[0]
+    assert remote.reruns == 0
+    assert [e["seed"] for e in remote.episodes] == [e["seed"] for e in local.episodes]
+    assert remote.episodes == local.episodes
+
+    killer = Killer("ray::EnvActor", after_s=2.0)
+    killer.start()
+    lines: list[str] = []
+    hit = evaluate(FeedbackPolicy(), arm_eval(tmp_path / "kill", backend="ray", episodes=12,
+                                              env=EnvConfig("robopolicy/ArmReach-v0", {"max_steps": 40})),
+                   log=lines.append).splits[0]
+    killer.stop.set()
+    assert killer.killed is not None and hit.reruns >= 1
+    assert any("died and were replaced" in line for line in lines)
+    reference = evaluate(FeedbackPolicy(), arm_eval(tmp_path / "ref", episodes=12,
+                                                    env=EnvConfig("robopolicy/ArmReach-v0", {"max_steps": 40})),
+                         log=lambda m: None).splits[0]
+    assert hit.episodes == reference.episodes  # every seed once, each episode as the local one

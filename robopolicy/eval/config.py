@@ -17,6 +17,7 @@ from typing import Literal
 
 from robopolicy.config import ConfigError
 from robopolicy.envs import EnvConfig
+from robopolicy.scale.ray_backend import RayConfig
 
 PERSON_FOLLOW = "robopolicy/PersonFollow-v0"
 PERSON_FOLLOW_SPLITS = ("stt", "dt", "at")
@@ -102,7 +103,12 @@ class EvalConfig:
     episodes: int = 20
     """Episodes per split. Episode i of every split uses seed ``seed + i`` (same seeds for every policy)."""
     workers: int = 1
-    """Parallel envs; > 1 runs them in worker processes (gymnasium AsyncVectorEnv)."""
+    """Parallel envs; > 1 runs them in worker processes (gymnasium AsyncVectorEnv), or Ray actors."""
+    backend: Literal["local", "ray"] = "local"
+    """Where the envs run: ``local`` worker processes, or ``ray`` actors (``robopolicy[scale]``;
+    the policy stays in this process and the episodes are the local ones, seed for seed)."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """With ``backend: ray``: ``ray.address`` (None: a Ray started on this machine)."""
     seed: int = 100_000
     """First episode seed (far from the collection seeds 0.. so evaluation scenes are unseen)."""
     image_size: int | None = None

@@ -28,6 +28,8 @@ class SplitResult:
     policy_calls: int
     policy_ms_per_call: float
     videos: list[str] = field(default_factory=list)
+    reruns: int = 0
+    """Episodes run again because their env worker died (``backend: ray``)."""
 
     @property
     def steps_per_s(self) -> float:

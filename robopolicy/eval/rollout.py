@@ -136,7 +136,7 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
 
     t0 = time.perf_counter()
     calls0, secs0 = runner.calls, runner.seconds
-    envs = make_eval_vector_env(spec, width)
+    envs = make_eval_vector_env(spec, width, cfg.backend, cfg.ray)
     try:
         action_shape = tuple(envs.single_action_space.shape)
 
@@ -153,6 +153,7 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
         with tqdm(total=n, unit="ep", desc=label, disable=not cfg.progress, dynamic_ncols=True, leave=False) as bar:
             episodes, env_steps = run_episodes(envs, actor, seeds, runner.per_row_reset, on_finish=bar.update)
         fps = float(envs.metadata.get("render_fps") or 0) or None
+        reruns = int(getattr(envs, "replaced", 0))
     finally:
         envs.close()
     warning = unreported_success(episodes)
@@ -164,8 +165,10 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
     result = SplitResult(
         label=label, split=split, summary=summarize_split(cfg.env.id, episodes, fps), episodes=episodes,
         seconds=seconds, env_steps=env_steps, policy_calls=calls, policy_ms_per_call=ms,
-        videos=[e["video"] for e in episodes if e.get("video")],
+        videos=[e["video"] for e in episodes if e.get("video")], reruns=reruns,
     )
+    if reruns:
+        log(f"[eval] {label}: {reruns} env worker(s) died and were replaced; their episodes ran again")
     log(f"[eval] {label}: {len(episodes)} episodes in {seconds:.1f} s ({result.steps_per_s:.0f} env steps/s, "
         f"{ms:.1f} ms per policy call)")
     return result
@@ -189,6 +192,7 @@ def evaluate(policy: Any, cfg: EvalConfig, log: Callable[[str], None] = print, s
         write_summary(cfg.out, kind="eval", config=cfg, seeds=[cfg.seed],
                       episodes=sum(len(s.episodes) for s in splits), started_at=started,
                       metrics={s.split or s.label: s.summary for s in splits},
-                      extra={"env_id": cfg.env.id, "checkpoint": cfg.checkpoint,
+                      extra={"env_id": cfg.env.id, "checkpoint": cfg.checkpoint, "backend": cfg.backend,
+                             "episodes_rerun": sum(s.reruns for s in splits),
                              "seed_rule": "episode i of every split uses seed + i"})
     return report
