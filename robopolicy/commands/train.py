@@ -80,6 +80,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (DatasetError, PolicyError, TrainError, EncoderError, LanguageError) as exc:
         print(f"robopolicy train: {exc}")
         return 1
+    from robopolicy.scale.ddp import Dist
+
+    if not Dist.from_env().is_main:  # under torchrun, rank 0 reports the run
+        return 0
 
     def loss(values: dict) -> str:  # none when a resumed run had no step left to take
         return f"{values['total']:.4f}" if "total" in values else "—"
