@@ -129,6 +129,10 @@ class TickTimer:
             self.n += 1
         else:
             self.overflow += 1
+        self.count_miss(lateness, work, start, cpu, usage_before, usage_after)
+
+    def count_miss(self, lateness: float, work: float, start: float, cpu: float, usage_before, usage_after) -> None:
+        """Count and classify the tick if its work ended after the next deadline."""
         if lateness + work > self.period:
             self.missed += 1
             d = classify_miss(lateness, work, cpu, usage_before, usage_after)

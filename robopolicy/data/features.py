@@ -175,3 +175,23 @@ def frame_value(key: str, value: Any, feature: Mapping[str, Any]) -> np.ndarray:
         else:
             raise ValueError(f"feature {key!r}: expected shape {shape}, got {arr.shape}")
     return arr
+
+
+def robot_frame(obs: Mapping[str, Any], action: np.ndarray) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A robot's observation and the command sent as one dataset frame, with its feature declarations.
+
+    Carries ``observation.state``, ``action``, every camera and the scene state if the robot has one;
+    recorders add their own keys (intervention, chunks, faults) to both dicts.
+    """
+    state = np.asarray(obs[STATE], np.float32)
+    action = np.asarray(action, np.float32)
+    frame: dict[str, Any] = {STATE: state, ACTION: action}
+    features: dict[str, dict[str, Any]] = {STATE: vector(state.shape[0]), ACTION: vector(action.shape[0])}
+    for key, value in obs.items():
+        if key.startswith(IMAGE_PREFIX):
+            frame[key] = value
+            features[key] = camera(value.shape[0], value.shape[1])
+        elif key == ENV_STATE:
+            frame[key] = np.asarray(value, np.float32)
+            features[key] = vector(np.shape(value)[0])
+    return frame, features

@@ -280,15 +280,7 @@ class RingTickTimer(TickTimer):
         self.lateness[i], self.work[i], self.cpu[i], self.start[i] = lateness, work, cpu, start
         self.last_start = start
         self.n += 1
-        if lateness + work > self.period:
-            from hardware.control.clock import classify_miss
-
-            self.missed += 1
-            d = classify_miss(lateness, work, cpu, usage_before, usage_after)
-            self.miss_causes[d["cause"]] += 1
-            if len(self.miss_details) < self.max_miss_details:
-                d["start"] = start
-                self.miss_details.append(d)
+        self.count_miss(lateness, work, start, cpu, usage_before, usage_after)
 
     def _window(self, a: np.ndarray, first: int, last: int) -> np.ndarray:
         first = max(first, last - self.capacity, 0)
@@ -687,15 +679,7 @@ def build_frame(obs: dict, sent, chunk, chunk_new: bool, chunk_t_obs: float, t_o
         action = np.asarray(sent, dtype=np.float32)
     else:
         action = state.copy() if chunk is None or chunk.shape[-1] == state.shape[0] else np.zeros(chunk.shape[-1], np.float32)
-    frame: dict[str, Any] = {F.STATE: state, F.ACTION: action}
-    features: dict[str, dict] = {F.STATE: F.vector(state.shape[0]), F.ACTION: F.vector(action.shape[0])}
-    for key, value in obs.items():
-        if key.startswith(F.IMAGE_PREFIX):
-            frame[key] = value
-            features[key] = F.camera(value.shape[0], value.shape[1])
-        elif key == F.ENV_STATE:
-            frame[key] = np.asarray(value, np.float32)
-            features[key] = F.vector(np.shape(value)[0])
+    frame, features = F.robot_frame(obs, action)
     if chunk is not None:
         frame[CHUNK] = np.asarray(chunk, np.float32)
         features[CHUNK] = F.vector(tuple(chunk.shape))

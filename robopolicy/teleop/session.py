@@ -95,16 +95,9 @@ def build_frame(obs: dict, sent: np.ndarray | None, intervening: bool, proposal:
     from robopolicy.data import features as F
 
     state = np.asarray(obs[F.STATE], np.float32)
-    action = state.copy() if sent is None else np.asarray(sent, np.float32)
-    frame: dict[str, Any] = {F.STATE: state, F.ACTION: action, F.INTERVENTION: bool(intervening)}
-    features: dict[str, dict] = {F.STATE: F.vector(state.shape[0]), F.ACTION: F.vector(action.shape[0])}
-    for key, value in obs.items():
-        if key.startswith(F.IMAGE_PREFIX):
-            frame[key] = value
-            features[key] = F.camera(value.shape[0], value.shape[1])
-        elif key == F.ENV_STATE:
-            frame[key] = np.asarray(value, np.float32)
-            features[key] = F.vector(np.shape(value)[0])
+    frame, features = F.robot_frame(obs, state.copy() if sent is None else sent)
+    action = frame[F.ACTION]
+    frame[F.INTERVENTION] = bool(intervening)
     if with_policy:
         frame[POLICY_ACTION] = action.copy() if proposal is None else np.asarray(proposal, np.float32)
         features[POLICY_ACTION] = F.vector(action.shape[0])
