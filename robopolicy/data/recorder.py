@@ -63,6 +63,7 @@ import pyarrow.parquet as pq
 
 from robopolicy.data import features as F
 from robopolicy.data.errors import DatasetError
+from robopolicy.utils.files import atomic_file, fsync_path
 
 STAGING_DIR = ".staging"
 LOCK_FILE = ".robopolicy.lock"
@@ -81,40 +82,30 @@ INDEX_KEYS = (F.INDEX, F.EPISODE_INDEX, F.TASK_INDEX)
 
 def fsync_dir(path: Path) -> None:
     """Make a rename inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+def _is_temp(name: str) -> bool:
+    """A temporary file of an atomic write (:func:`robopolicy.utils.files.atomic_file`'s
+    ``.<stem>.tmp-…`` names, or the ``.<name>.<hex>.tmp`` ones written before)."""
+    return name.startswith(".") and (name.endswith(".tmp") or ".tmp-" in name)
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a hidden temporary path beside ``path``; on success fsync and rename it over ``path``.
+    """Yield a hidden temporary path beside ``path``; on success fsync and rename it over ``path``
+    (:func:`robopolicy.utils.files.atomic_file` with ``durable=True``).
 
     On any error (a full disk included) the temporary file is removed, ``path`` is untouched,
-    and the error is re-raised as :class:`DatasetError` naming ``path``.
+    and an ``OSError`` is re-raised as :class:`DatasetError` naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
     try:
-        yield tmp
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        if isinstance(exc, OSError):
-            why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-            raise DatasetError(f"{path}: could not write ({why}); the dataset on disk is unchanged") from exc
-        raise
+        with atomic_file(path, durable=True) as tmp:
+            yield tmp
+    except OSError as exc:
+        why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise DatasetError(f"{path}: could not write ({why}); the dataset on disk is unchanged") from exc
 
 
 def atomic_write_json(path: str | Path, data: Any) -> None:
@@ -132,18 +123,8 @@ def atomic_write_table(path: str | Path, table: pa.Table) -> None:
 
 def atomic_move(src: Path, dst: Path) -> None:
     """Move a finished file into place (same filesystem: a rename), durably."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(dst)
-    try:
+    with atomic_path(dst) as tmp:
         shutil.move(str(src), str(tmp))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, dst)
-        fsync_dir(dst.parent)
-    except OSError as exc:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise DatasetError(f"{dst}: could not write ({exc.strerror or exc}); the dataset on disk is unchanged") from exc
 
 
 @contextlib.contextmanager
@@ -370,7 +351,7 @@ def _build_next_meta(root: Path, write: Mapping[str, Any]) -> Path:
     fresh = {Path(k).relative_to("meta") for k in write}
     for src in sorted(meta.rglob("*")):
         rel = src.relative_to(meta)
-        if src.is_dir() or rel in fresh or src.name.endswith(".tmp"):
+        if src.is_dir() or rel in fresh or _is_temp(src.name):
             continue
         dst = nxt / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -573,7 +554,7 @@ def recover(root: str | Path) -> RecoveryReport:
         if nxt.exists():
             shutil.rmtree(nxt)
             removed.append(str(nxt))
-        for tmp in root.rglob(".*.tmp"):
+        for tmp in [p for p in root.rglob(".*.tmp*") if p.is_file() and _is_temp(p.name)]:
             tmp.unlink()
             removed.append(str(tmp))
         for path in episodes_files(root):
