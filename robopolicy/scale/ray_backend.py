@@ -167,9 +167,14 @@ class RayVectorEnv(gymnasium.vector.VectorEnv):
         truncated = np.zeros(self.num_envs, dtype=bool)
         rerun = np.zeros(self.num_envs, dtype=bool)
         infos: dict = {}
+        try:  # one wait for all rows; row by row only when one of them failed
+            results = self.ray.get(futures)
+        except Exception:  # noqa: BLE001
+            results = None
         for r, fut in enumerate(futures):
             try:
-                self._obs[r], rewards[r], terminated[r], truncated[r], info = self.ray.get(fut)
+                out = results[r] if results is not None else self.ray.get(fut)
+                self._obs[r], rewards[r], terminated[r], truncated[r], info = out
             except Exception as exc:  # noqa: BLE001
                 if not _is_dead_actor(exc):
                     raise
