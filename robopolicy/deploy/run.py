@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from robopolicy.utils.files import atomic_write_text
 from robopolicy.config import ConfigError, to_dict
 
 
@@ -260,11 +261,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     report.update({"robot": cfg.robot.name, "policy": cfg.policy, "wall_s": time.monotonic() - t_start,
                    "task": info, "shutdown": shutdown, "config": to_dict(cfg)})
     report["exit_code"] = exit_code(report)
-    out = Path(cfg.report)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    os.replace(tmp, out)
+    atomic_write_text(cfg.report, json.dumps(report, indent=2, default=str))
     signals.restore()
     if error is not None:
         raise error
