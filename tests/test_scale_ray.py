@@ -45,21 +45,35 @@ def episodes_by_seed(root: Path) -> dict[int, np.ndarray]:
 
 
 class Killer(threading.Thread):
-    """Kills (SIGKILL) the first process whose title shows it running ``title`` (a Ray actor method)."""
+    """Kills (SIGKILL) the first process whose title shows it running ``title`` (a Ray actor method),
+    ``after_s`` seconds after that process is first seen (so it dies mid-run, however long the run
+    took to start on a loaded machine)."""
 
     def __init__(self, title: str, after_s: float = 0.0):
         super().__init__(daemon=True)
         self.title, self.after_s, self.killed, self.stop = title, after_s, None, threading.Event()
+        self.ignore: set[int] = set()
+        self.ignore = set(self._all())  # actors of earlier runs, still exiting, are not this run's
+
+    def _all(self) -> list[int]:
+        return [proc.info["pid"] for proc in psutil.process_iter(["pid", "cmdline"])
+                if any(self.title in part for part in (proc.info["cmdline"] or []))]
+
+    def _find(self) -> int | None:
+        return next((pid for pid in self._all() if pid not in self.ignore), None)
 
     def run(self) -> None:
-        time.sleep(self.after_s)
-        while not self.stop.is_set() and self.killed is None:
-            for proc in psutil.process_iter(["pid", "cmdline"]):
-                if any(self.title in part for part in (proc.info["cmdline"] or [])):
-                    os.kill(proc.info["pid"], signal.SIGKILL)
-                    self.killed = proc.info["pid"]
-                    return
+        pid = None
+        while not self.stop.is_set() and pid is None:
+            pid = self._find()
             time.sleep(0.005)
+        if pid is None or self.stop.wait(self.after_s):
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+            self.killed = pid
+        except ProcessLookupError:
+            pass
 
 
 def test_ray_collection_gives_the_local_episodes(local_ray, tmp_path):
@@ -129,7 +143,7 @@ def test_ray_evaluation_gives_the_local_episodes_even_when_an_env_worker_dies(lo
     assert [e["seed"] for e in remote.episodes] == [e["seed"] for e in local.episodes]
     assert remote.episodes == local.episodes
 
-    killer = Killer("ray::EnvActor", after_s=2.0)
+    killer = Killer("ray::EnvActor", after_s=0.5)
     killer.start()
     lines: list[str] = []
     hit = evaluate(FeedbackPolicy(), arm_eval(tmp_path / "kill", backend="ray", episodes=12,
