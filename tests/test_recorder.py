@@ -273,6 +273,12 @@ def check_committed_view(ds, committed: int) -> None:
     assert ds.meta.total_episodes == committed and ds.num_episodes == committed
     assert len(ds.meta.episodes) == committed, f"{len(ds.meta.episodes)} episode rows for {committed} episodes"
     assert len(ds) == 12 * committed and ds.meta.total_frames == 12 * committed
+    # no frame of an uncommitted episode: lerobot loads every file under data/, and its
+    # __getitem__ does not bounds-check, so an extra row would be ds[len(ds)]
+    assert len(ds.hf_dataset) == ds.meta.total_frames
+    assert {int(e) for e in ds.hf_dataset["episode_index"]} == set(range(committed))
+    with pytest.raises(IndexError):
+        ds[len(ds)]
     assert ds.meta.stats["index"]["count"][0] == 12 * committed
     assert sorted(ds.meta.tasks.index) == sorted({f"task {ep % 2}" for ep in range(committed)})
     for ep in range(committed):
@@ -288,8 +294,10 @@ def test_kill_9_loses_only_the_episode_in_flight(tmp_path, mode, marker):
     assert "COMMITTED 1" in lines and "COMMITTED 2" not in lines
     step = mode.split(":")[1] if mode.startswith("commit:") else None
     committed = 3 if step in ("exchanged", "cleaned") else 2
-    if step in ("data", "exchanged"):  # episode 2's data file is in place, and so is the build
-        assert (root / "data/chunk-000/file-002.parquet").exists() and (root / R.NEXT_META).exists()
+    gens = sorted(p.name for p in root.glob(R.GEN_PREFIX + "*"))
+    if step in ("data", "exchanged"):  # episode 2's data file is written, into the new generation
+        assert len(gens) == 2 and (root / gens[1] / "data/chunk-000/file-002.parquet").exists()
+        assert (root / "data/chunk-000/file-002.parquet").exists() == (step == "exchanged")
 
     ds = load_lerobot(root)
     check_committed_view(ds, committed)
@@ -299,7 +307,8 @@ def test_kill_9_loses_only_the_episode_in_flight(tmp_path, mode, marker):
     features = make_features()
     rec = R.EpisodeRecorder(root, features, fps=FPS, resume=True)
     assert rec.recovery.episodes == committed and (rec.recovery.removed or step == "cleaned")
-    assert not (root / R.NEXT_META).exists() and not (root / R.STAGING_DIR).exists()
+    assert not (root / R.STAGING_DIR).exists()
+    assert [p.name for p in root.glob(R.GEN_PREFIX + "*")] == [os.readlink(root / R.GEN_LINK)]
     for ep in range(committed, 4):
         assert record(rec, features, ep).episode_index == ep
     rec.close()
@@ -307,3 +316,37 @@ def test_kill_9_loses_only_the_episode_in_flight(tmp_path, mode, marker):
     check_committed_view(ds, 4)
     stats = json.loads((root / "meta/stats.json").read_text())
     assert stats["observation.state"]["max"][0] == 3011 and stats["index"]["count"] == [48]
+
+
+def test_a_dataset_of_the_older_layout_is_converted_and_appended_to(tmp_path):
+    """A dataset with plain meta/ and data/ directories (written before generations, or by
+    lerobot's own tools) opens, resumes and commits; an interrupted conversion is finished."""
+    import shutil
+
+    features = make_features()
+    root = tmp_path / "ds"
+    rec = R.EpisodeRecorder(root, features, fps=FPS)
+    for ep in range(2):
+        record(rec, features, ep)
+    rec.close()
+    gen = root / os.readlink(root / R.GEN_LINK)
+    for name in ("meta", "data"):  # back to the older layout: real directories
+        (root / name).unlink()
+        shutil.copytree(gen / name, root / name)
+    (root / R.GEN_LINK).unlink()
+    shutil.rmtree(gen)
+    check_committed_view(load_lerobot(root), 2)
+
+    # an interrupted conversion: meta/ already a link into the first generation, data/ not yet
+    with R.dataset_lock(root):
+        R._ensure_generations(root)
+    (root / "data").unlink()
+    shutil.copytree(root / R.GEN_LINK / "data", root / "data")
+    check_committed_view(load_lerobot(root), 2)
+
+    rec = R.EpisodeRecorder(root, features, fps=FPS, resume=True)
+    assert (root / "meta").is_symlink() and (root / "data").is_symlink()
+    assert record(rec, features, 2).episode_index == 2
+    rec.close()
+    check_committed_view(load_lerobot(root), 3)
+    assert [p.name for p in root.glob(R.GEN_PREFIX + "*")] == [os.readlink(root / R.GEN_LINK)]

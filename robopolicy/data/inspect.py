@@ -215,7 +215,8 @@ def copy_episodes(src: str | Path, dst: str | Path, keep: list[int]) -> Path:
                 delete_episodes(load_lerobot_dataset(src), sorted(drop), output_dir=tmp, repo_id=f"local/{dst.name}")
                 _carry_episode_columns(src, tmp, sorted(keep))
             else:
-                shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".staging", ".*.tmp", ".robopolicy.lock"))
+                shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".staging", ".*.tmp", ".robopolicy.lock",
+                                                                        ".gen*"))
             validate_dataset(tmp, decode_videos=False)
     except BaseException as exc:
         if isinstance(exc, OSError):

@@ -164,7 +164,7 @@ def import_lerobot(src: str | Path, dst: str | Path | None = None) -> DatasetRep
         raise DatasetError(f"{dst}: already exists")
     try:
         with atomic_directory(dst, create=False) as tmp:
-            shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".staging", ".*.tmp", ".robopolicy.lock"))
+            shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".staging", ".*.tmp", ".robopolicy.lock", ".gen*"))
     except OSError as exc:
         raise DatasetError(f"{dst}: could not copy ({exc.strerror or exc}); nothing written") from exc
     return validate_dataset(dst, decode_videos=False)

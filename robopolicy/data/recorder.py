@@ -3,31 +3,45 @@
 lerobot 0.4.4's writer appends every episode to shared parquet / mp4 files, keeps a parquet
 writer open (no footer until ``finalize()``) and rewrites ``meta/info.json`` in place: a crash
 in the middle of a recording can leave the whole dataset unreadable. So we never let lerobot
-write into the dataset itself:
+write into the dataset itself.
+
+Layout: ``meta/`` and ``data/`` are symlinks through ``.gen`` (``meta -> .gen/meta``,
+``data -> .gen/data``), and ``.gen`` is a symlink to the committed *generation*, a directory
+``.gen-NNNNNN/`` holding that dataset's ``meta/`` and ``data/``. lerobot's ``LeRobotDataset``
+follows the links: it reads ``meta/`` for its length, episodes, tasks and stats, and every file of
+``data/*/*.parquet`` for its frames (``load_nested_dataset`` globs them, committed or not), so the
+two must change together. Videos stay in ``videos/`` at the root: lerobot opens a video only by
+the path an episode row names. A commit:
 
 1. **Stage.** Each episode is written by lerobot's own classes (``LeRobotDataset.create``,
    ``add_frame``, ``save_episode``, ``finalize``) into a fresh one-episode dataset under
    ``<root>/.staging/``. A crash here leaves only a staging directory behind.
 2. **Build.** The committer renumbers the staged episode (``index``, ``episode_index``,
-   ``task_index``, file indices) and builds the next ``meta/`` beside the dataset, in
-   ``<root>/.meta.next/``: hard links to every committed metadata file, plus the new episode row
+   ``task_index``, file indices) and builds the next generation beside the committed one:
+   hard links to every committed ``meta/`` and ``data/`` file, plus the new episode row
    (``meta/episodes/…/file-NNN.parquet``), ``tasks.parquet``, ``stats.json`` and ``info.json``
-   written fresh and fsynced. Nothing a reader opens has changed yet.
-3. **Publish the episode's files** under *new* names (``videos/<cam>/…/file-NNN.mp4``, then
-   ``data/…/file-NNN.parquet``), each written to a hidden ``.tmp`` name, fsynced and renamed.
-   No committed episode row points at them. lerobot's ``LeRobotDataset`` takes its length, its
-   episode list, tasks and stats from ``meta/``, so it shows exactly the committed episodes; the
-   only trace is the new data file's rows past ``len(ds)``, which lerobot's ``__getitem__`` does
-   not bounds-check (an index past the end returns such a row instead of raising). No index
-   inside the dataset, no episode, count, task or statistic shows the uncommitted episode.
-4. **Commit point.** One ``renameat2(RENAME_EXCHANGE)`` swaps ``.meta.next`` and ``meta``: the
-   episode row, tasks, stats and totals appear together, never one without the others. (Where
-   the filesystem cannot exchange directories, the files are moved in, info.json last.) The old
-   metadata, now in ``.meta.next``, is deleted.
-5. **Recover.** Opening a dataset to resume (:func:`recover`) deletes ``.meta.next``, data and
-   video files that no committed episode references, staging leftovers and ``.tmp`` files,
-   rows past ``total_episodes`` (left by the older, file-by-file protocol) and rebuilds
-   ``stats.json`` from the committed episodes.
+   written fresh and fsynced. Files are never rewritten in place, so a hard link shared by two
+   generations cannot change under either.
+3. **Publish the episode's files** under *new* names: ``videos/<cam>/…/file-NNN.mp4`` at the
+   root (no committed episode row points at it, so no reader opens it), then
+   ``data/…/file-NNN.parquet`` inside the new generation only. A reader still sees exactly the
+   committed generation: no frame, episode, count, task or statistic of the new episode.
+4. **Commit point.** One rename (a new ``.gen`` symlink ``os.replace``-d over the old one) shows
+   the frames, the episode row, tasks, stats and totals together, never one without the others.
+   The previous generation is then deleted (its files live on as the new one's hard links).
+5. **Recover.** Opening a dataset to resume (:func:`recover`) deletes generations other than the
+   committed one, video files that no committed episode references, staging leftovers and
+   ``.tmp`` files, and rebuilds ``stats.json`` from the committed episodes.
+
+Datasets of the older layout (plain ``meta/`` and ``data/`` directories: written before
+generations, or by lerobot's own tools such as ``delete_episodes``) are converted once, under
+the dataset lock, by the first commit or :func:`recover`: a first generation of hard links, then
+each directory swapped for its symlink with ``renameat2(RENAME_EXCHANGE)``. The generation holds
+the same files as the directories, so a reader sees the same dataset at every step, and an
+interrupted conversion is finished by the next call. (Where the filesystem cannot exchange, the
+directory is renamed aside first and a reader may briefly find it missing.) The same recovery
+also removes what the older, file-by-file protocols left (``.meta.next``, rows past
+``total_episodes``, unreferenced data files).
 
 A ``kill -9`` therefore loses at most the episode being recorded or committed; everything
 before it stays loadable by lerobot's ``LeRobotDataset`` and ``--resume`` continues after it.
@@ -241,7 +255,19 @@ def create_dataset(root: str | Path, features: Mapping[str, Any], fps: int, robo
     if bad:
         raise DatasetError(f"feature names must not contain '/': {bad}")
     info = create_empty_dataset_info("v3.0", int(fps), full, use_videos, robot_type)
-    atomic_write_json(root / INFO_PATH, _jsonable(info))
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in _generation_dirs(root):  # of a creation that did not finish
+        shutil.rmtree(leftover)
+    gen = _new_generation(root)
+    text = json.dumps(_jsonable(info), indent=4, ensure_ascii=False)
+    try:
+        _fill_generation(gen, {}, {INFO_PATH: lambda p: p.write_text(text)})
+    except OSError as exc:
+        shutil.rmtree(gen, ignore_errors=True)
+        raise DatasetError(f"{root}: could not create the dataset ({exc.strerror or exc})") from exc
+    _point(root / GEN_LINK, gen.name)
+    for name in LAYOUT_DIRS:
+        _point(root / name, f"{GEN_LINK}/{name}")
     return info
 
 
@@ -316,8 +342,11 @@ def _conform(row: pa.Table, schema: pa.Schema | None) -> pa.Table:
     return row.cast(schema)
 
 
-NEXT_META = ".meta.next"
+NEXT_META = ".meta.next"  # the older protocol's metadata build (recover() removes a leftover one)
 RENAME_EXCHANGE = 2  # linux renameat2 flag
+GEN_LINK = ".gen"  # symlink naming the committed generation; meta/ and data/ point through it
+GEN_PREFIX = ".gen-"
+LAYOUT_DIRS = ("meta", "data")  # what a generation holds (videos stay at the root: see the docstring)
 
 
 def _commit_step(name: str) -> None:
@@ -338,59 +367,125 @@ def _renameat2_exchange(a: Path, b: Path) -> bool:
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
         return False
-    raise DatasetError(f"{b}: could not publish the new metadata ({os.strerror(err)}); the dataset is unchanged")
+    raise DatasetError(f"{b}: could not swap in {a} ({os.strerror(err)}); the dataset is unchanged")
 
 
-def _build_next_meta(root: Path, write: Mapping[str, Any]) -> Path:
-    """``<root>/.meta.next``: a copy of ``meta/`` (hard links) with the files of ``write``
-    (``"meta/..."`` path → ``fn(path)``) written fresh, every file and directory fsynced."""
-    nxt = root / NEXT_META
-    if nxt.exists():
-        shutil.rmtree(nxt)
-    meta = root / "meta"
-    fresh = {Path(k).relative_to("meta") for k in write}
-    for src in sorted(meta.rglob("*")):
-        rel = src.relative_to(meta)
-        if src.is_dir() or rel in fresh or _is_temp(src.name):
+def _point(link: Path, target: str) -> None:
+    """Make ``link`` a symlink to ``target`` in one rename (a new link, then ``os.replace``)."""
+    tmp = link.with_name(f".{link.name.lstrip('.')}.link.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+    fsync_dir(link.parent)
+
+
+def current_generation(root: Path) -> Path | None:
+    """The committed generation directory (``<root>/.gen-NNNNNN``), or None for the older layout."""
+    link = Path(root) / GEN_LINK
+    return Path(root) / os.readlink(link) if link.is_symlink() else None
+
+
+def _generation_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in Path(root).glob(f"{GEN_PREFIX}*") if p.is_dir() and not p.is_symlink())
+
+
+def _new_generation(root: Path) -> Path:
+    """A fresh, empty generation directory numbered after every existing one."""
+    last = max((int(p.name[len(GEN_PREFIX):]) for p in _generation_dirs(root)
+                if p.name[len(GEN_PREFIX):].isdigit()), default=-1)
+    gen = root / f"{GEN_PREFIX}{last + 1:06d}"
+    gen.mkdir()
+    return gen
+
+
+def _fill_generation(gen: Path, sources: Mapping[str, Path | None], write: Mapping[str, Any]) -> None:
+    """Fill ``gen`` with hard links to every file of ``sources`` (``"meta"``/``"data"`` → directory)
+    except the ones in ``write`` (``"meta/..."`` path → ``fn(path)``), which are written fresh;
+    every new file and directory is fsynced. A shared file is never written in place: every
+    writer of a dataset file replaces it (a new inode), so the generations cannot alter each other."""
+    for name in LAYOUT_DIRS:
+        (gen / name).mkdir(exist_ok=True)
+    for name, src_dir in sources.items():
+        if src_dir is None or not src_dir.is_dir():
             continue
-        dst = nxt / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-    try:
-        for rel_str, fn in write.items():
-            dst = nxt / Path(rel_str).relative_to("meta")
+        for src in sorted(src_dir.rglob("*")):
+            rel = Path(name) / src.relative_to(src_dir)
+            if src.is_dir() or str(rel) in write or _is_temp(src.name):
+                continue
+            dst = gen / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
-            fn(dst)
-            with open(dst, "rb") as fh:
-                os.fsync(fh.fileno())
-        for d in sorted({p.parent for p in nxt.rglob("*")} | {nxt}, key=lambda p: -len(p.parts)):
-            fsync_dir(d)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+    for rel_str, fn in write.items():
+        dst = gen / rel_str
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fn(dst)
+        with open(dst, "rb") as fh:
+            os.fsync(fh.fileno())
+    for d in sorted({p.parent for p in gen.rglob("*")} | {gen}, key=lambda p: -len(p.parts)):
+        fsync_dir(d)
+
+
+def _build_generation(root: Path, write: Mapping[str, Any]) -> Path:
+    """The next generation, built beside the committed one; nothing a reader opens changes."""
+    gen = _new_generation(root)
+    current = current_generation(root)
+    try:
+        _fill_generation(gen, {name: current / name for name in LAYOUT_DIRS}, write)
     except OSError as exc:
-        shutil.rmtree(nxt, ignore_errors=True)
+        shutil.rmtree(gen, ignore_errors=True)
         why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-        raise DatasetError(f"{nxt}: could not write ({why}); the dataset on disk is unchanged") from exc
-    return nxt
+        raise DatasetError(f"{gen}: could not write ({why}); the dataset on disk is unchanged") from exc
+    return gen
 
 
-def _publish_meta(root: Path, nxt: Path) -> None:
-    """Swap ``nxt`` in as ``meta/`` in one rename; ``nxt`` then holds the previous metadata.
+def _switch_generation(root: Path, gen: Path) -> Path | None:
+    """Commit point: point ``<root>/.gen`` at ``gen`` (one rename); returns the previous generation."""
+    previous = current_generation(root)
+    _point(root / GEN_LINK, gen.name)
+    return previous
 
-    Where the filesystem cannot exchange two directories, the files are moved in the order
-    episode rows, tasks, stats, info.json (info.json last: lerobot's totals change with it)."""
-    meta = root / "meta"
-    if _renameat2_exchange(nxt, meta):
-        fsync_dir(root)
-        return
-    files = sorted((p for p in nxt.rglob("*") if p.is_file()),
-                   key=lambda p: (p.name == "info.json", p.name == "stats.json", p.name == "tasks.parquet"))
-    for src in files:
-        dst = meta / src.relative_to(nxt)
-        if dst.exists() and os.path.samefile(src, dst):
+
+def _ensure_generations(root: Path) -> None:
+    """Convert a dataset of the older layout (``meta/`` and ``data/`` directories) to generations.
+
+    Runs under the dataset lock and is crash-safe at every step: the first generation holds hard
+    links to exactly the files of the directories it replaces, so a reader sees the same dataset
+    before, during and after; an interrupted conversion is finished by the next call. Each
+    directory is swapped for its symlink with ``renameat2(RENAME_EXCHANGE)``; where the filesystem
+    cannot exchange, the directory is renamed aside first (a reader may then briefly find it missing)."""
+    meta, data = root / "meta", root / "data"
+    if meta.is_dir() and not meta.is_symlink():
+        for leftover in _generation_dirs(root):  # from an interrupted conversion: rebuild it
+            shutil.rmtree(leftover)
+        if (root / GEN_LINK).is_dir() and not (root / GEN_LINK).is_symlink():
+            shutil.rmtree(root / GEN_LINK)  # a copy that followed the link (copytree without symlinks)
+        gen = _new_generation(root)
+        _fill_generation(gen, {"meta": meta, "data": data if data.is_dir() and not data.is_symlink() else None}, {})
+        _point(root / GEN_LINK, gen.name)
+    for name in LAYOUT_DIRS:
+        path = root / name
+        if path.is_symlink():
             continue
-        atomic_move(src, dst)
+        link = root / f".{name}.link.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        os.symlink(f"{GEN_LINK}/{name}", link)
+        if path.exists():
+            if not _renameat2_exchange(link, path):
+                aside = root / f".{name}.old"
+                shutil.rmtree(aside, ignore_errors=True)
+                os.rename(path, aside)
+                os.replace(link, path)
+                link = aside
+            fsync_dir(root)
+            shutil.rmtree(link)
+        else:
+            os.replace(link, path)
+            fsync_dir(root)
 
 
 def commit_staged(root: str | Path, staged: str | Path) -> int:
@@ -402,6 +497,7 @@ def commit_staged(root: str | Path, staged: str | Path) -> int:
 
     root, staged = Path(root), Path(staged)
     with dataset_lock(root):
+        _ensure_generations(root)
         info = read_info(root)
         s_info = read_info(staged)
         check_same_features({k: v for k, v in info["features"].items()},
@@ -490,32 +586,40 @@ def commit_staged(root: str | Path, staged: str | Path) -> int:
 
         episodes_rel = DEFAULT_EPISODES_PATH.format(chunk_index=meta_file[0], file_index=meta_file[1])
 
-        # The next meta/ directory, built aside: everything lerobot reads about episodes.
+        # The next generation, built beside the committed one: every committed file (hard links)
+        # and the new metadata; nothing a reader opens has changed yet.
         _commit_step("staged")
-        nxt = _build_next_meta(root, {
+        gen = _build_generation(root, {
             episodes_rel: lambda p: pq.write_table(row, p, compression="snappy"),
             TASKS_PATH: lambda p: new_tasks.to_parquet(p),
             STATS_PATH: lambda p: p.write_text(json.dumps(_jsonable(stats), indent=4, ensure_ascii=False)),
             INFO_PATH: lambda p: p.write_text(json.dumps(_jsonable(new_info), indent=4, ensure_ascii=False)),
         })
         _commit_step("meta_built")
+        try:
+            # Videos: under new names no committed episode row points at, so invisible.
+            for key in video_keys:
+                src = staged / s_info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
+                dst = root / info["video_path"].format(video_key=key, chunk_index=video_files[key][0],
+                                                       file_index=video_files[key][1])
+                if not src.is_file():
+                    raise DatasetError(f"staged episode {staged}: video {src} missing")
+                atomic_move(src, dst)
+            _commit_step("videos")
+            # Frames: into the new generation only (lerobot reads every file under data/).
+            atomic_write_table(gen / info["data_path"].format(chunk_index=data_file[0], file_index=data_file[1]), data)
+            fsync_dir(gen)
+            _commit_step("data")
+        except BaseException:
+            shutil.rmtree(gen, ignore_errors=True)
+            raise
 
-        # Episode files: referenced by no committed row, so invisible (see the module docstring).
-        for key in video_keys:
-            src = staged / s_info["video_path"].format(video_key=key, chunk_index=0, file_index=0)
-            dst = root / info["video_path"].format(video_key=key, chunk_index=video_files[key][0],
-                                                   file_index=video_files[key][1])
-            if not src.is_file():
-                raise DatasetError(f"staged episode {staged}: video {src} missing")
-            atomic_move(src, dst)
-        _commit_step("videos")
-        atomic_write_table(root / info["data_path"].format(chunk_index=data_file[0], file_index=data_file[1]), data)
-        _commit_step("data")
-
-        # Commit point: one rename publishes the episode row, tasks, stats and info.json together.
-        _publish_meta(root, nxt)
+        # Commit point: one rename of the .gen link shows the frames, the episode row, tasks,
+        # stats and info.json together.
+        previous = _switch_generation(root, gen)
         _commit_step("exchanged")
-        shutil.rmtree(nxt, ignore_errors=True)  # the previous meta/
+        if previous is not None and previous != gen:
+            shutil.rmtree(previous, ignore_errors=True)
         _commit_step("cleaned")
     shutil.rmtree(staged, ignore_errors=True)
     return ep_index
@@ -544,16 +648,26 @@ def recover(root: str | Path) -> RecoveryReport:
     root = Path(root)
     removed: list[str] = []
     with dataset_lock(root):
+        _ensure_generations(root)
         info = read_info(root)
         n = int(info["total_episodes"])
         staging = root / STAGING_DIR
         if staging.exists():
             shutil.rmtree(staging)
             removed.append(str(staging))
-        nxt = root / NEXT_META  # metadata built for a commit that never published, or the one it replaced
-        if nxt.exists():
-            shutil.rmtree(nxt)
-            removed.append(str(nxt))
+        current = current_generation(root)
+        for gen in _generation_dirs(root):  # built for a commit that never switched, or the one it replaced
+            if gen != current:
+                shutil.rmtree(gen)
+                removed.append(str(gen))
+        # the older protocol's metadata build, and directories an interrupted conversion set aside
+        for leftover in (root / NEXT_META, root / ".meta.old", root / ".data.old"):
+            if leftover.exists():
+                shutil.rmtree(leftover)
+                removed.append(str(leftover))
+        for link in root.glob(".*.link.tmp"):
+            link.unlink()
+            removed.append(str(link))
         for tmp in [p for p in root.rglob(".*.tmp*") if p.is_file() and _is_temp(p.name)]:
             tmp.unlink()
             removed.append(str(tmp))
