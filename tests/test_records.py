@@ -98,3 +98,27 @@ def test_bad_kind_extra_and_foreign_files_are_refused(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"kind": "eval"}))
     with pytest.raises(ValueError, match="missing"):
         read_summary(tmp_path)
+
+
+def test_the_recorded_command_names_no_absolute_path(tmp_path, monkeypatch):
+    """A record is checked in: its command says what a user types, not where this checkout lives."""
+    import json
+    import sys
+
+    from robopolicy.utils.records import write_summary
+
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "src" / "robopolicy" / "__main__.py"), "eval", "--checkpoint", "d"])
+    write_summary(tmp_path, kind="eval", metrics={})
+    assert json.loads((tmp_path / "summary.json").read_text())["command"] == ["robopolicy", "eval", "--checkpoint", "d"]
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "elsewhere" / "bench.py"), "--out", "x"])
+    write_summary(tmp_path, kind="bench", metrics={})
+    assert json.loads((tmp_path / "summary.json").read_text())["command"] == ["bench.py", "--out", "x"]
+
+
+def test_checked_in_records_name_no_absolute_path():
+    """The records under results/ are published: none may carry a path of the machine that ran them."""
+    root = Path(__file__).resolve().parents[1] / "results"
+    for path in sorted(root.glob("*/*.json")):
+        record = json.loads(path.read_text())
+        for part in record.get("command") or []:
+            assert not str(part).startswith("/"), f"{path.name}: command names an absolute path {part!r}"

@@ -160,7 +160,7 @@ def build_summary(*, kind: str, config: Any = None, seeds: Iterable[int] | int |
         "machine": machine_info() if machine == "auto" else machine,
         "wall_time_s": None if wall_time_s is None else round(float(wall_time_s), 3),
         "started_at": _iso(started_at),
-        "command": list(sys.argv) if command is None else [str(c) for c in command],
+        "command": _command_line() if command is None else [str(c) for c in command],
         "metrics": _plain(dict(metrics or {})),
     }
     for key, value in (extra or {}).items():
@@ -190,3 +190,21 @@ def read_summary(path: str | Path) -> dict[str, Any]:
     if not isinstance(record["metrics"], dict):
         raise ValueError(f"{path}: metrics must be a mapping, got {type(record['metrics']).__name__}")
     return record
+
+
+def _command_line() -> list[str]:
+    """``sys.argv`` with the program named as a user types it: ``robopolicy`` for the CLI (however it
+    was started), a script by its path relative to the working directory, never an absolute path."""
+    argv = [str(a) for a in sys.argv]
+    if not argv:
+        return argv
+    prog = Path(argv[0])
+    if prog.name in ("robopolicy", "__main__.py") and (prog.name == "robopolicy" or prog.parent.name == "robopolicy"):
+        argv[0] = "robopolicy"
+    elif prog.is_absolute():
+        try:
+            argv[0] = str(prog.relative_to(Path.cwd()))
+        except ValueError:
+            argv[0] = prog.name
+    return argv
+
