@@ -233,3 +233,60 @@ def test_sigterm_to_robopolicy_run_stops_the_sim_arm_and_exits_143(tmp_path):
     sd = rep["shutdown"]
     assert sd["signal"] == "SIGTERM" and sd["driver_stopped"] and sd["driver_disconnected"], sd
     assert "stopped by SIGTERM" in out
+
+
+# -- node hooks the daemon stands on: swapping the source, and silence after a fault reset ---------
+class _SilenceWatchingSource(ScriptSource):
+    """A ScriptSource that, like the policy worker's, faults after ``silence`` s without a reply."""
+
+    def __init__(self, fn, silence=0.3):
+        super().__init__(fn)
+        self.silence, self.last_reply, self.restarts = silence, float("nan"), 0
+
+    def poll(self, now):
+        out = super().poll(now)
+        if out:
+            self.last_reply = now
+        return out
+
+    def health(self, now):
+        if now - self.last_reply > self.silence:
+            return f"silent for {now - self.last_reply:.2f}s"
+        return None
+
+    def restart_silence_clock(self):
+        self.restarts += 1
+        self.last_reply = float("nan")
+
+
+def test_a_fault_reset_restarts_the_sources_silence_clock():
+    drv = PointDriver()
+    src = _SilenceWatchingSource(_hold)
+    node = _node(drv, src)
+    try:
+        assert wait_for(lambda: src.last_reply == src.last_reply)  # a first reply came
+        node.estop("test")
+        assert wait_for(lambda: node.fault is not None)
+        time.sleep(src.silence * 2)  # latched: nothing is sent, nothing answers
+        assert node.reset() and src.restarts == 1
+        time.sleep(src.silence)
+        assert node.fault is None  # no source_silent fault right after the reset
+    finally:
+        node.close()
+
+
+def test_swap_source_hands_over_between_ticks_and_returns_the_old_one():
+    drv = PointDriver()
+    first, second = ScriptSource(_hold), ScriptSource(_hold)
+    node = _node(drv, first)
+    try:
+        assert wait_for(lambda: first.submitted > 0)
+        ticks = node.timer.n
+        old = node.swap_source(second)
+        assert old is first and node.source is second and node.timer.n >= ticks + 2
+        n_first = first.submitted
+        assert wait_for(lambda: second.submitted > 0)
+        time.sleep(0.1)
+        assert first.submitted == n_first and node.fault is None
+    finally:
+        node.close()

@@ -160,7 +160,20 @@ class ControlNode:
             self._estop_request = None
         cleared = self.faults.reset()
         self._resync = True
+        restart = getattr(self.source, "restart_silence_clock", None)
+        if cleared is not None and restart is not None:
+            restart()
         return cleared is not None
+
+    def swap_source(self, new: Any, settle_ticks: int = 2, timeout: float = 1.0) -> Any:
+        """Hand the loop a new, already started source and return the old one, once the loop has
+        run ``settle_ticks`` ticks past the swap (or ``timeout`` passed), so the caller may close it
+        without pulling it from under a tick in progress."""
+        old, self.source = self.source, new
+        ticks, end = self.timer.n, time.monotonic() + timeout
+        while self.timer.n < ticks + settle_ticks and time.monotonic() < end:
+            time.sleep(self.period)
+        return old
 
     @property
     def fault(self):

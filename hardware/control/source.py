@@ -38,6 +38,10 @@ class ActionSource(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: ``restart_silence_clock()`` — called by the node when a fault is reset. While a
+    # fault is latched the node sends nothing, so a source that watches for silence must not count
+    # that time against the policy.
+
 
 def _describe_exit(code: int) -> str:
     if code < 0:
@@ -163,6 +167,10 @@ class PolicyWorkerSource:
         if self.replies and now - self._last_reply > self.silence_timeout:
             return f"policy worker silent for {now - self._last_reply:.2f}s"
         return None
+
+    def restart_silence_clock(self) -> None:
+        """Forget when the last reply came: silence is counted again from the next reply."""
+        self._last_reply = math.nan
 
     def stats(self) -> dict[str, Any]:
         rt = np.array(self.round_trips) * 1e3

@@ -874,14 +874,8 @@ class Daemon:
 
     def _replace_source(self, new) -> None:
         """Hand the loop a new (started) source, then close the old one once the loop has moved on."""
-        node = self.node
-        old = node.source
         self._tap(new)
-        node.source = new
-        ticks = node.timer.n
-        end = time.monotonic() + 1.0
-        while node.timer.n < ticks + 2 and time.monotonic() < end:
-            time.sleep(node.period)
+        old = self.node.swap_source(new)
         try:
             old.close()
         except Exception as exc:  # noqa: BLE001
@@ -1016,11 +1010,8 @@ class Daemon:
         src = self.node.source
         if src.proc is not None and src.proc.poll() is not None:
             return False, "the policy worker is down (a restart is pending): reset refused"
-        # While a fault is latched the node sends the worker nothing, so it answers nothing: restart
-        # the source's silence clock, or a fault that lasted longer than its silence timeout would
-        # be followed at once by a source_silent fault
-        if hasattr(src, "_last_reply"):
-            src._last_reply = math.nan
+        # node.reset() restarts the source's silence clock: while a fault is latched the worker is
+        # sent nothing and answers nothing, which must not count as silence afterwards
         self.node.reset()
         self._last_fault_obj = None
         self.log("fault_reset", code=fault.code)
