@@ -3,10 +3,14 @@
     enc = VisionEncoder(EncoderConfig(name="efficientnet_lite0", weights="imagenet", image_size=96))
     feats = enc(images_uint8)            # (N, 3, H, W) uint8 -> (N, G*G, C) float
 
-Two encoders can run side by side (:class:`FusedVisionEncoder`; e.g. a semantic ViT and a
-spatial CNN): each is pooled to the same ``G x G`` grid and their channels are concatenated, so
-a frame always becomes ``G*G`` tokens of ``sum(C_i)`` raw features. Raw features are what the
-feature cache stores; the policy projects them to ``d_model`` afterwards.
+Two encoders can run side by side (:class:`FusedVisionEncoder`, ``model.encoders: [a, b]``): a
+complementary pair that sees differently, e.g. EfficientNet-Lite0 at the frames' full
+resolution read at stride 16 (spatial detail) beside Lite2's last map (deeper, more global
+features). Each is pooled to the same ``G x G`` grid and their channels are concatenated, so a
+frame always becomes ``G*G`` tokens of ``sum(C_i)`` raw features. Raw features are what the
+feature cache stores, one file per frozen member (keyed by that member's identity); the policy
+normalizes each member's channels on their own and projects the concatenation to ``d_model``
+(see ``Policy.vision_proj``).
 
 Two options serve small objects named by the instruction (a 2.5 cm cube is ~4 px wide in a
 96 px view, and average-pooling it into a grid cell drowns it):
@@ -205,6 +209,24 @@ class VisionEncoder(nn.Module):
     def needs_text(self) -> bool:
         return self.film is not None
 
+    def describe(self) -> str:
+        """What this encoder computes, in words: ``name@size[/sN][/film][/kpK[xy]]``."""
+        c = self.cfg
+        return (f"{c.name}@{c.image_size}" + (f"/s{c.stage}" if c.stage is not None else "") + ("/film" if c.film else "")
+                + (f"/kp{c.keypoints}" + ("" if c.keypoint_features else "xy") if self.keypoints is not None else ""))
+
+    def cache_key(self, grid: int | None = None) -> str:
+        """Identity of this encoder's features, for the feature cache: what it computes
+        (:meth:`describe`), the grid and a digest of its actual weights (a random init differs
+        from seed to seed, and a stage may load its encoder from the previous one). Two members
+        of a fused encoder have different keys, so their cached features never collide, and a
+        member keeps its key in any pair, so its features are shared between recipes."""
+        h = hashlib.blake2b(digest_size=8)
+        for name, tensor in sorted(self.state_dict().items()):
+            h.update(name.encode())
+            h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return f"{self.describe()}|grid{self.grid if grid is None else int(grid)}|{h.hexdigest()}"
+
     def train(self, mode: bool = True):
         super().train(mode)
         if self.cfg.frozen:
@@ -285,20 +307,40 @@ class FusedVisionEncoder(nn.Module):
         """True when every encoder is frozen (then features can be cached)."""
         return all(e.cfg.frozen for e in self.encoders)
 
+    @property
+    def frozen_members(self) -> list[int]:
+        """Indices of the frozen encoders (whose features can be cached one by one)."""
+        return [i for i, e in enumerate(self.encoders) if e.cfg.frozen]
+
+    def member_slices(self) -> list[slice]:
+        """Each encoder's channels in the fused feature, in order."""
+        out, start = [], 0
+        for e in self.encoders:
+            out.append(slice(start, start + e.out_dim))
+            start += e.out_dim
+        return out
+
     def cache_key(self) -> str:
-        """Identity of what this encoder computes, for the feature cache: names, image sizes, grid
-        and a digest of the actual weights (a random init differs from seed to seed, and a stage
-        may load its encoder from the previous one)."""
-        h = hashlib.blake2b(digest_size=8)
-        for name, tensor in sorted(self.state_dict().items()):
-            h.update(name.encode())
-            h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        names = "+".join(f"{e.cfg.name}@{e.cfg.image_size}" + (f"/s{e.cfg.stage}" if e.cfg.stage is not None else "")
-                         + ("/film" if e.cfg.film else "")
-                         + (f"/kp{e.cfg.keypoints}" + ("" if e.cfg.keypoint_features else "xy") if e.keypoints is not None else "")
-                         for e in self.encoders)
-        return f"{names}|grid{self.grid}|{h.hexdigest()}"
+        """Identity of what the fused encoder computes: its members' keys joined by ``+``."""
+        return "+".join(e.cache_key(self.grid) for e in self.encoders)
 
     def forward(self, images: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         """``(N, 3, H, W)`` (and ``text (N, D)`` with FiLM) → ``(N, n_tokens, out_dim)``."""
         return torch.cat([e(images, text) for e in self.encoders], dim=-1)
+
+
+class MemberLayerNorm(nn.Module):
+    """LayerNorm over each member's channels of a fused feature ``(..., sum C_i)`` on their own.
+
+    One LayerNorm over the concatenation would take its mean and variance mostly from the member
+    with more (or larger) channels, e.g. Lite2's 352 last-map channels beside Lite0's 112 at
+    stride 16, and squash the other; normalizing each member first gives both the same footing
+    before the shared projection."""
+
+    def __init__(self, dims: list[int]):
+        super().__init__()
+        self.dims = [int(d) for d in dims]
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for d in self.dims)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([n(part) for n, part in zip(self.norms, x.split(self.dims, dim=-1))], dim=-1)

@@ -43,7 +43,7 @@ from torch import nn
 from robopolicy.config import ConfigError, build, load_yaml, to_dict
 from robopolicy.data.features import ENV_STATE
 from robopolicy.models.backbone import FusionTransformer
-from robopolicy.models.encoders import EncoderConfig, EncoderError, FusedVisionEncoder
+from robopolicy.models.encoders import EncoderConfig, EncoderError, FusedVisionEncoder, MemberLayerNorm
 from robopolicy.models.aux_heads import GOAL_POS, AuxHeadError, LossBatch, aux_head, loss_owner
 from robopolicy.models.heads import ChunkL1Head, FlowChunkHead, WaypointHead
 from robopolicy.models.language import LanguageConfig, LanguageEncoder
@@ -276,6 +276,8 @@ class Policy(nn.Module):
             # a LayerNorm over a token of coordinates alone (keypoint_features: false) would map every
             # (x, y) to (+-1, -+1): such tokens are projected as they are
             norm = nn.LayerNorm(self.vision.out_dim) if self.vision.out_dim > 2 else nn.Identity()
+            if len(self.vision.encoders) > 1 and all(e.out_dim > 2 for e in self.vision.encoders):
+                norm = MemberLayerNorm([e.out_dim for e in self.vision.encoders])  # a pair: each member its own norm
             self.vision_proj = nn.Sequential(norm, nn.Linear(self.vision.out_dim, d))
             self.context = ContextTokens(len(cfg.context_strides), len(cfg.cameras), n_tok, d)
         self.lang_proj = nn.Linear(self.language.dim, d) if self.language else None
