@@ -4,6 +4,10 @@
         --noise 0.1 --out data/pf_dt
     robopolicy collect --config configs/data/collect_pf.yaml --resume
     robopolicy collect --env robopolicy/ArmPickPlace-v0 --episodes 5000 --poses 8 --out data/pp_posed   # locator frames
+    robopolicy collect --unattended --env robopolicy/ArmPickPlace-v0 --episodes 100 --out data/pp_unattended
+
+``--unattended``: one continuous world, the arm resets the scene itself between episodes
+(robopolicy.teleop.unattended; ``--config`` is then an UnattendedConfig).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="dataset directory")
     p.add_argument("--resume", action="store_true", help="continue the dataset in --out after a stop or crash")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--unattended", action="store_true", help="one continuous world: the arm itself resets the scene "
+                   "to a new layout between episodes, no env.reset (arm tasks with cubes)")
     p.add_argument("--config", help="YAML config (CollectConfig)")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_collect)
@@ -51,6 +57,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 def cmd_collect(args: argparse.Namespace) -> int:
     from robopolicy.data.recorder import DatasetError
 
+    if args.unattended:
+        return _cmd_unattended(args)
     cfg = load_config(CollectConfig, args.config, _overrides(args))
     try:
         summary = collect(cfg)
@@ -61,3 +69,17 @@ def cmd_collect(args: argparse.Namespace) -> int:
     print(summary.table())
     print(f"\ndataset: {cfg.out}")
     return 1 if summary.errors else 0
+
+
+def _cmd_unattended(args: argparse.Namespace) -> int:
+    from robopolicy.config import ConfigError
+    from robopolicy.teleop.unattended import UnattendedConfig, collect_unattended
+
+    overrides = _overrides(args)
+    for flag in ("workers", "poses", "resume"):
+        if getattr(args, flag):
+            raise ConfigError(f"collect --unattended: --{flag} does not apply (one world, one process, a new dataset)")
+    cfg = load_config(UnattendedConfig, args.config, overrides)
+    stats = collect_unattended(cfg)
+    print(f"\ndataset: {cfg.out}\nrecord: {cfg.summary or cfg.out}/summary.json")
+    return 0 if stats.episodes == cfg.episodes else 1

@@ -22,6 +22,8 @@ tool-centre point without cubes) and the named target's; ``goal_rel`` (6,): thos
 the tool-centre point; ``goal_grip`` (6,): the first minus the tool-centre point, the second as
 it is; also ``task`` and ``is_success``, and
 ``episode_metrics`` (success, steps, return, steps_to_success, final_distance) on the last step.
+PickPlace adds ``wrong_object`` to both: a cube other than the named one was lifted (its centre
+more than ``WRONG_OBJECT_LIFT`` = 2 cm above its resting height) at some step of the episode.
 Episodes terminate after the success condition held for ``SUCCESS_HOLD`` consecutive steps and
 are truncated at ``max_steps`` (the env's own limit; 100 / 150 / 200 by default).
 
@@ -50,6 +52,7 @@ TEXT_CHARSET = string.ascii_letters + string.digits + " .,'-_"
 SUCCESS_HOLD = 3  # consecutive successful steps before the episode terminates
 ENV_STATE = "observation.environment_state"
 REACH_SHARPNESS = 10.0  # 1/m: the staged reward's reaching term, 1 - tanh(REACH_SHARPNESS * distance)
+WRONG_OBJECT_LIFT = 0.02  # m: a cube whose centre rises this far above its resting height has been lifted
 
 
 def _dist(a, b) -> float:
@@ -331,6 +334,20 @@ class ArmEnv(gymnasium.Env):
         self._success_count = 0
         self._return = 0.0
         self._first_success = -1
+        success, _, _ = self._evaluate()
+        return self._obs(), self._info(success)
+
+    def continue_episode(self, goal_cube: int, goal_target: int, instruction: str):
+        """Start a new episode in the scene as it stands (unattended collection: the arm itself
+        rearranged it, :mod:`sim_envs.arm.rearrange`). Nothing is moved or sampled; the next goal
+        and its instruction are given, the episode counters restart. Returns ``(obs, info)`` as
+        :meth:`reset` does."""
+        if not (0 <= goal_target < self.num_targets and (0 <= goal_cube < self.num_cubes or not self.num_cubes)):
+            raise ValueError(f"goal cube {goal_cube} / target {goal_target} out of range")
+        self.goal_cube, self.goal_target, self._instruction = int(goal_cube), int(goal_target), str(instruction)
+        self._roll_hold = float(self.data.qpos[self._arm_qadr[4]])
+        self._layout_qpos = self.data.qpos.copy()
+        self._steps, self._success_count, self._return, self._first_success = 0, 0, 0.0, -1
         success, _, _ = self._evaluate()
         return self._obs(), self._info(success)
 
@@ -735,6 +752,21 @@ class ArmPickPlaceEnv(ArmEnv):
         self.data.qpos[adr + 3 : adr + 7] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
         tcp = np.array([*(bowl[:2] + off + rng.normal(0.0, 0.01, 2)), rng.uniform(0.045, 0.10)])
         return self._pose_at(tcp, rng, yaw), float(rng.uniform(1.0, open_max))
+
+    def step(self, action):
+        """The base step, plus ``wrong_object``: a cube other than the named one was lifted (its
+        centre more than :data:`WRONG_OBJECT_LIFT` above its resting height) at any step of the
+        episode so far; in ``info`` every step and in ``episode_metrics`` at the end."""
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self._steps == 1:  # the first step of an episode (after reset or continue_episode)
+            self._wrong_object = False
+        heights = info["cube_pos"][:, 2] - so101.CUBE_HALF
+        others = np.arange(self.num_cubes) != self.goal_cube
+        self._wrong_object = bool(self._wrong_object or np.any(heights[others] > WRONG_OBJECT_LIFT))
+        info["wrong_object"] = self._wrong_object
+        if "episode_metrics" in info:
+            info["episode_metrics"]["wrong_object"] = self._wrong_object
+        return obs, reward, terminated, truncated, info
 
     def _evaluate(self):
         d = self.data
