@@ -9,6 +9,8 @@
         --config configs/refine/dagger/track.yaml
     robopolicy refine --method rpd --checkpoint outputs/train/arm_reach/final --env robopolicy/ArmReach-v0 \\
         --config configs/refine/rpd/arm.yaml
+    robopolicy refine --method distill --teacher oracle --student-config configs/train/arm/chunk_l1.yaml \\
+        --config configs/refine/distill/pushcube.yaml
 
 Each run writes ``<out>/refine_config.yaml`` (the resolved config, the method in its first line,
 before the run starts: a run can be read back and rerun; with ``stages``, see
@@ -24,7 +26,7 @@ import sys
 
 from robopolicy.config import ConfigError
 
-METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "hg-dagger", "rpd", "world-model")
+METHODS = ("residual-ppo", "residual-td3", "ppo", "dagger", "hg-dagger", "rpd", "world-model", "distill")
 NEEDS_BASE = {"residual-ppo": " (or use --method ppo)", "residual-td3": "", "dagger": "", "hg-dagger": "",
               "rpd": " (the teacher)"}
 """The methods that refine (or distil) a checkpoint given by --checkpoint, and what their error adds."""
@@ -38,6 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base", help=argparse.SUPPRESS)  # the old name of --checkpoint
     p.add_argument("--env", help="env id, e.g. robopolicy/ArmPickPlace-v0, or module:EnvId (the module is imported)")
     p.add_argument("--split", help="PersonFollow split (stt, dt, at)")
+    p.add_argument("--teacher", help="distill: 'oracle' (the env's scripted oracle) or a state policy checkpoint")
+    p.add_argument("--student-config", help="distill: training config whose model section is the camera student")
     p.add_argument("--out", help="output directory")
     p.add_argument("--config", help="YAML config of the method")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -59,6 +63,8 @@ def config_class(method: str) -> type:
         from robopolicy.refine.rpd import RPDConfig as cls
     elif method == "world-model":
         from robopolicy.world.imagine import WorldRefineConfig as cls
+    elif method == "distill":
+        from robopolicy.refine.distill import DistillConfig as cls
     else:
         raise ValueError(f"unknown refine method {method!r}; one of {METHODS}")
     return cls
@@ -79,6 +85,10 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"env.kwargs.split={args.split}")
     if args.out:
         out.append(f"out={args.out}")
+    if getattr(args, "teacher", None):
+        out.append(f"teacher={args.teacher}")
+    if getattr(args, "student_config", None):
+        out.append(f"student_config={args.student_config}")
     if args.no_progress:
         out.append("progress=false")
     return out + list(args.overrides)
@@ -148,6 +158,13 @@ def cmd_refine(args: argparse.Namespace) -> int:
             rows = [("base", s["before"]), (f"after HG-DAgger ({s['labels']} labels)", s["after"])]
             extra = (f"labels {s['labels']} ({100 * s['label_fraction']:.1f}% of the steps) | gain "
                      f"{s['gain_pts']:+.1f} pts; {s['takeovers']} take-overs, {s['lapses']} lapses")
+        elif args.method == "distill":
+            from robopolicy.refine import distill
+
+            s = distill.train(cfg)
+            rows = [(f"student, iteration {r['iteration']} (beta {r['beta']:.3g}, {r['env_steps']} env steps)",
+                     r["success"]) for r in s["iterations"]]
+            extra = f"teacher {s['teacher']}; {s['seconds_by_phase']}"
         elif args.method == "world-model":
             from robopolicy.world import imagine
 

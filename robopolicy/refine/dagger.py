@@ -185,16 +185,27 @@ def policy_actor(policy, steps_per_chunk: int | None, waypoints: bool):
 
 
 def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, waypoints: int | None,
-            scene_label: str | None = None):
+            scene_label: str | None = None, teacher=None, horizon: int | None = None):
     """Roll out the beta-mixture for ``steps_per_iteration`` steps; returns the visited frames with
     oracle labels and filter flags (episodes in progress at the end are kept, unflagged), and with
-    ``scene_label``'s value from the env's info under ``"scene"``."""
-    act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
+    ``scene_label``'s value from the env's info under ``"scene"``.
+
+    ``teacher``: labels from a policy that reads the privileged scene state instead of the env's
+    oracle (:class:`robopolicy.refine.distill.PolicyTeacher`; the envs then add that state to the
+    observation); its chunk of ``horizon`` actions (default: the policy's) is the frame's target.
+    ``policy`` ``None``: the labeller drives alone (``beta`` must be 1)."""
+    if policy is None and beta < 1.0:
+        raise ValueError("collect: without a policy the labeller drives every step (beta 1)")
+    act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None) if policy else (None, _no_reset)
     probe = cfg.pre_failure_steps if _probes(cfg) else 0
-    chunk = policy.config.horizon if cfg.chunk_labels == "oracle" and waypoints is None and not scene_label else 0
-    envs = make_task_envs(cfg.env, cfg.num_envs, reward="dense", oracle=True, waypoints=waypoints,
-                            probe_window=probe, probe_horizon=cfg.recover_horizon, replan=cfg.replan,
-                            label_chunk=chunk)
+    chunked = waypoints is None and not scene_label  # a chunk policy learning actions
+    horizon = horizon or (policy.config.horizon if chunked else 0)
+    chunk = horizon if chunked and cfg.chunk_labels == "oracle" and teacher is None else 0
+    envs = make_task_envs(cfg.env, cfg.num_envs, reward="dense", oracle=teacher is None, waypoints=waypoints,
+                          probe_window=probe, probe_horizon=cfg.recover_horizon, replan=cfg.replan,
+                          label_chunk=chunk, privileged=teacher is not None)
+    if teacher is not None:
+        reset = teacher.wrap_reset(reset)
     n = cfg.num_envs
     scene_key = scene_label.removeprefix("label.") if scene_label else None
     episodes: list[list[dict]] = [[] for _ in range(n)]
@@ -207,8 +218,12 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
         reset(list(range(n)))
         steps = 0
         while steps < cfg.steps_per_iteration:
-            own = act(obs)
+            if teacher is not None:
+                taught = teacher.chunks(obs, horizon)
+                info = dict(info, oracle_label=taught[:, 0], oracle_chunk=taught, oracle_chunk_len=[horizon] * n,
+                            label_flags=np.zeros((n, len(LABEL_FLAGS)), np.float32))
             label = info["oracle_waypoints"] if waypoints is not None else info["oracle_label"]
+            own = act(obs) if act is not None else label
             oracle_exec = rng.random(n) < beta
             action = np.where(oracle_exec.reshape((n,) + (1,) * (own.ndim - 1)), label, own).astype(np.float32)
             for i in range(n):
@@ -218,7 +233,7 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
                                     "flags": np.array(info["label_flags"][i]),
                                     "scene": np.array(info[scene_key][i]) if scene_key else None,
                                     "chunk": np.array(info["oracle_chunk"][i][:int(info["oracle_chunk_len"][i])])
-                                    if chunk else None})
+                                    if chunk or teacher is not None else None})
             obs, _r, term, trunc, info = envs.step(action)
             steps += n
             done = np.logical_or(term, trunc)
@@ -242,6 +257,10 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
             fr["pre_failure"] = fr["unrecoverable"] = fr["rescue"] = False
         frames += _with_chunks(ep)
     return frames
+
+
+def _no_reset(rows) -> None:
+    """The reset of a rollout without a policy (the labeller drives)."""
 
 
 def _probes(cfg: DAggerConfig) -> bool:
@@ -294,11 +313,14 @@ def flag_counts(frames: list[dict]) -> dict[str, int]:
 def make_batch(frames: list[dict], policy, scene_label: str | None = None) -> dict:
     """Aggregated frames → a loader-style batch for ``policy.losses``: the observation at the
     policy's context strides (frames before the episode start repeat the first one, flagged as
-    padding, as the training loader does), and the target: the action chunk or waypoints, or with
-    ``scene_label`` that label ``(B, D)`` (a locator's)."""
+    padding, as the training loader does; a frame's cached ``features`` ``(V, n, C)`` stand for its
+    camera images), and the target: the action chunk or waypoints, or with ``scene_label`` that
+    label ``(B, D)`` (a locator's)."""
     strides = list(policy.config.context_strides)
     ctx = [[f.get("episode", [f])[max(f.get("index", 0) - s, 0)] for s in strides] for f in frames]
     out: dict = {"task": [f["obs"].get("task", "") for f in frames]}  # PointReach has no instruction
+    if "features" in frames[0]:  # a frozen encoder's features, encoded once (in place of the frames)
+        out["features"] = torch.from_numpy(np.stack([[c["features"] for c in row] for row in ctx])).float()
     for key in frames[0]["obs"]:
         if key.startswith("observation.images."):
             out[key] = torch.from_numpy(np.stack([[c["obs"][key] for c in row] for row in ctx])).permute(0, 1, 4, 2, 3)
