@@ -44,7 +44,7 @@ def split_overrides(extra: list[str], accepts_overrides: bool) -> tuple[list[str
 def build_parser() -> argparse.ArgumentParser:
     from robopolicy.commands import collect, dataset, diagnose, quickstart, refine, results, run, serve, sim, teleop, train
     from robopolicy.commands import eval as eval_cmd
-    from robopolicy.commands import world
+    from robopolicy.commands import fleet, world
 
     parser = argparse.ArgumentParser(
         prog="robopolicy",
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     world.add_parser(sub)
     teleop.add_parser(sub)
+    fleet.add_parser(sub)
     return parser
 
 
