@@ -37,6 +37,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_teleop)
 
 
+def teleop_section(value: str) -> dict:
+    """``--teleop``: a device type, or a YAML file of the ``teleop`` section."""
+    if value.endswith((".yaml", ".yml")) or Path(value).is_file():
+        return load_yaml(value)
+    return {"type": value}
+
+
 def load_teleop_config(args: argparse.Namespace):
     from robopolicy.teleop.session import TeleopConfig
 
@@ -46,11 +53,8 @@ def load_teleop_config(args: argparse.Namespace):
         data["robot"] = load_yaml(args.robot)
         source += f" + {args.robot}"
     if args.teleop:
-        if args.teleop.endswith((".yaml", ".yml")) or Path(args.teleop).is_file():
-            data["teleop"] = load_yaml(args.teleop)
-            source += f" + {args.teleop}"
-        else:
-            data = deep_merge(data, {"teleop": {"type": args.teleop}})
+        data = deep_merge(data, {"teleop": teleop_section(args.teleop)})
+        source += f" + {args.teleop}"
     flags = {k: getattr(args, k) for k in ("dataset", "task", "episodes", "episode_s", "reset_s", "fps", "policy", "resume")
              if getattr(args, k, None) is not None}
     data = deep_merge(data, flags)
