@@ -189,7 +189,7 @@ def test_fleet_on_ray_replaces_a_dead_actor_and_every_episode_keeps_its_version(
         killer.start()
         out = tmp_path / "fleet"
         rc = main(["fleet", "--checkpoint", str(tmp_path / "base"), "--out", str(out), "env.id=robopolicy/PointReach-v0",
-                   "env.kwargs.max_steps=12", "episodes=16", "eval_every=4", "retrain_every=12", "window=2",
+                   "env.kwargs.max_steps=12", "episodes=8", "eval_every=4", "retrain_every=12", "window=2",
                    "train.finetune_steps=2", "train.batch_size=8", "train.device=cpu",
                    "operator.disagree=0.0", "operator.patience=1", "operator.lapse_rate=0.0"])
     finally:
@@ -198,11 +198,11 @@ def test_fleet_on_ray_replaces_a_dead_actor_and_every_episode_keeps_its_version(
     assert rc == 0 and killer.killed is not None
     summary = json.loads((out / "summary.json").read_text())
     m = summary["metrics"]
-    assert summary["kind"] == "fleet" and m["episodes"] == 16 and m["eval_episodes"] == 4
+    assert summary["kind"] == "fleet" and m["episodes"] == 8 and m["eval_episodes"] == 2
     assert m["actors_replaced"] >= 1 and m["episodes_rerun"] >= 1 and m["actors_started"] >= 3
     assert m["versions"] >= 1 and (out / "success.png").stat().st_size > 0
     rows, table = committed(out / "dataset")
-    assert sorted(r[F.EPISODE_SEED] for r in rows) == list(range(16))  # the killed episode once, rerun
+    assert sorted(r[F.EPISODE_SEED] for r in rows) == list(range(8))  # the killed episode once, rerun
     index = np.asarray(table["episode_index"].to_pylist())
     frame_version = np.asarray(table[POLICY_VERSION].to_pylist()).reshape(-1)
     for r in rows:

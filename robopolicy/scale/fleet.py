@@ -228,15 +228,19 @@ def run_fleet(cfg: FleetConfig, log: Callable[[str], None] = print) -> dict:
         version, weights = learner.current()
         return actor.run_episode.remote(cfg.seed + episode, version, weights, cfg.is_eval(episode))
 
+    received = [0]
+
     def done(episode: int, ep: dict) -> None:
         learner.submit(ep)
-        n = learner.stats.episodes
-        if n and n % max(1, cfg.episodes // 20) == 0:
+        received[0] += 1
+        if received[0] % max(1, cfg.episodes // 20) == 0:
             evals = [r["success"] for r in learner.rows if r["eval"]][-cfg.window:]
-            log(f"[fleet] {n}/{cfg.episodes} episodes ingested, v{learner.version}, labels {len(learner.labels)}, "
-                f"success (last {len(evals)} eval) {np.mean(evals) if evals else float('nan'):.0%}, "
-                f"{learner.elapsed():.0f}s")
+            log(f"[fleet] {received[0]}/{cfg.episodes} episodes run, {learner.stats.episodes} ingested, "
+                f"v{learner.version}, labels {learner.stats.labels}, success (last {len(evals)} eval) "
+                f"{np.mean(evals) if evals else float('nan'):.0%}, {learner.elapsed():.0f}s")
 
+    log(f"[fleet] {cfg.actors} actors on Ray ({cfg.ray.address or 'this machine'}), base {cfg.base}, "
+        f"{cfg.episodes} episodes, out {cfg.out}")
     try:
         pool = run_pool(make_actor, call, range(cfg.episodes), cfg.actors, done)
     finally:

@@ -230,6 +230,9 @@ class FleetLearner:
         from robopolicy.data.recorder import EpisodeRecorder
 
         if self._recorder is None:
+            from robopolicy.data.collect import quiet_encoders
+
+            quiet_encoders()
             exists = (self.dataset / "meta" / "info.json").exists()
             self._recorder = EpisodeRecorder(self.dataset, features=episode_features(ep), fps=int(ep["fps"]),
                                              resume=self.resume and exists, vcodec=self.vcodec)
