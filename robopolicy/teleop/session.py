@@ -6,8 +6,9 @@ and written by :class:`~robopolicy.data.recorder.EpisodeRecorder` (LeRobot v3, o
 per episode), with lerobot-record's episode controls: an episode ends after ``episode_s`` or
 on ``save`` and is committed; ``rerecord`` drops it and records it again; ``discard`` drops it;
 ``stop`` ends the session; a reset period of ``reset_s`` (the operator still drives, nothing is
-recorded) separates episodes. ``success`` / ``failure`` mark the episode (stored as its
-``robopolicy/success``). From a terminal the same controls are keys + Enter (s, r, d, q).
+recorded) separates episodes. ``success`` / ``failure`` mark the episode good / bad (stored as its
+``robopolicy/rating`` and ``robopolicy/success``; training filters on it with ``data.rating``).
+From a terminal the same controls are keys + Enter (s, r, d, q).
 
 With ``policy`` set (``robopolicy teleop --checkpoint DIR``) the policy drives and the operator
 takes over with the device's button (HG-DAgger interventions): frames carry ``intervention``
@@ -185,9 +186,11 @@ class _Schedule:
             self.phase_end = t  # skip the rest of the reset
 
     def end_episode(self, how: str, t: float) -> None:
+        from robopolicy.teleop.ratings import rating_column
+
         r = self.result
         if how == "save" and self.frames > 0:
-            summary = self.recorder.save_episode(success=self.mark)
+            summary = self.recorder.save_episode(success=self.mark, metadata=rating_column(self.mark))
             r.episodes.append(summary.episode_index)
             r.frames += summary.frames
             self.say(f"[teleop] episode {summary.episode_index} saved: {summary.frames} frames"

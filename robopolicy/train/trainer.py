@@ -74,6 +74,8 @@ class DataConfig:
     """Dataset keys → roles (cameras, state, action target, labels); see robopolicy.data.loader."""
     episodes: list[int] | None = None
     """Episode indices to train on (None: all)."""
+    rating: str | None = None
+    """Only the episodes an operator rated: good, bad, rated (either) or unrated (None: all; see robopolicy.teleop.ratings)."""
     cache_dir: str | None = None
     """Training cache of decoded frames (None: $ROBOPOLICY_CACHE_DIR or ~/.cache/robopolicy/training)."""
     feature_cache: bool = True
@@ -259,6 +261,18 @@ def dataset_labels(cfg: TrainConfig) -> dict[str, str]:
     return labels
 
 
+def _episodes(data: DataConfig) -> list[int] | None:
+    """``data.episodes``, narrowed to the episodes of ``data.rating`` when one is asked for."""
+    if data.rating is None:
+        return data.episodes
+    from robopolicy.teleop.ratings import rated_episodes
+
+    try:
+        return rated_episodes(data.dataset, data.rating, data.episodes)
+    except ValueError as exc:
+        raise ConfigError(f"data.rating: {exc}") from None
+
+
 def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
     """The training dataset the model config asks for (context strides, horizon, labels)."""
     if not cfg.data.dataset:
@@ -269,7 +283,7 @@ def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
     horizon = 1 if cfg.model.head == "waypoints" else cfg.model.horizon
     return TrainingDataset(cfg.data.dataset, cameras=cameras, state_key=f.state if cfg.model.use_state else None,
                            action_key=f.action, labels=labels, context_strides=cfg.model.context_strides,
-                           horizon=horizon, episodes=cfg.data.episodes, cache_dir=cfg.data.cache_dir,
+                           horizon=horizon, episodes=_episodes(cfg.data), cache_dir=cfg.data.cache_dir,
                            progress=progress)
 
 
