@@ -75,8 +75,11 @@ def summarize(env_id: str, results: Sequence[EpisodeResult]) -> dict[str, float]
 
         return summarize_episodes([r.episode_metrics for r in results])
     successes = [r for r in results if r.success]
-    return {
+    out = {
         "episodes": len(results),
         "success_rate": len(successes) / len(results),
         "mean_steps_to_success": float(np.mean([r.steps for r in successes])) if successes else float("nan"),
     }
+    if any("wrong_object" in r.episode_metrics for r in results):  # PickPlace: another cube than the named one lifted
+        out["wrong_object_rate"] = sum(bool(r.episode_metrics.get("wrong_object", False)) for r in results) / len(results)
+    return out

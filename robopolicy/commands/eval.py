@@ -5,6 +5,8 @@
         chunk.mode=ensemble chunk.ensemble_coeff=0.01
     robopolicy eval --checkpoint CKPT --config configs/eval/pusher.yaml  # any gymnasium env + mapping
     robopolicy eval --checkpoint CKPT --env my_pkg.envs:MyEnv-v0 --episodes=10  # module:EnvId imports my_pkg.envs
+    robopolicy eval --checkpoint CKPT --env robopolicy/PersonFollow-v0 --split dt --instruction swap  # or blank
+    robopolicy eval --checkpoint oracle --env robopolicy/PersonFollow-v0 --episodes 200  # the task's oracle
 
 Results go to ``--out``, by default ``outputs/eval/<name>``, a name derived from the checkpoint
 path (:func:`default_out`), so evaluations of different checkpoints never overwrite each other.
@@ -21,11 +23,13 @@ from typing import Any
 
 from robopolicy.config import ConfigError, load_config, load_yaml, parse_overrides
 from robopolicy.eval.config import EvalConfig
+from robopolicy.eval.oracle_policy import ORACLE_CHECKPOINT, OraclePolicy
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint in simulation (vectorized, per-split metrics, videos)")
-    p.add_argument("--checkpoint", help="policy checkpoint directory (plain, modular or refined)")
+    p.add_argument("--checkpoint", help="policy checkpoint directory (plain, modular or refined), or 'oracle': "
+                   "the task's privileged oracle acts")
     p.add_argument("--env", help="env id: a registered one (robopolicy/PersonFollow-v0, Pusher-v5) or "
                    "module:EnvId, whose module is imported to register it (default: the checkpoint's)")
     p.add_argument("--split", action="append", help="PersonFollow split (repeatable; default: all three)")
@@ -33,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, help="parallel envs (worker processes when > 1)")
     p.add_argument("--seed", type=int, help="first episode seed")
     p.add_argument("--videos", type=int, help="MP4s of the first N episodes per split")
+    p.add_argument("--instruction", choices=["normal", "swap", "blank"],
+                   help="normal; swap: the instruction names another visible person, the new target "
+                   "(PersonFollow); blank: an empty instruction")
     p.add_argument("--out", help="output directory (default: outputs/eval/<name derived from the checkpoint path>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--config", help="YAML config (EvalConfig), e.g. configs/eval/pusher.yaml: gymnasium's Pusher-v5 "
@@ -45,7 +52,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
     for flag, key in (("checkpoint", "checkpoint"), ("env", "env.id"), ("episodes", "episodes"),
                       ("workers", "workers"), ("seed", "seed"), ("videos", "videos"),
-                      ("out", "out")):
+                      ("out", "out"), ("instruction", "instruction")):
         value = getattr(args, flag)
         if value is not None:
             out.append(f"{key}={value}")
@@ -144,11 +151,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from robopolicy.envs import resolve_env_id
 
         resolve_env_id(cfg.env.id)  # a bad env id fails now, not after the checkpoint has loaded
-    try:
-        policy = load_policy(cfg.checkpoint, cfg.device)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        print(f"robopolicy eval: cannot load checkpoint {cfg.checkpoint}: {exc}", file=sys.stderr)
-        return 1
+    if cfg.checkpoint == ORACLE_CHECKPOINT:
+        if not _env_given(args):
+            raise ConfigError("--checkpoint oracle needs the env: give --env ID (or env.id in the --config file)")
+        policy = OraclePolicy.for_env(cfg.env)
+    else:
+        try:
+            policy = load_policy(cfg.checkpoint, cfg.device)
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            print(f"robopolicy eval: cannot load checkpoint {cfg.checkpoint}: {exc}", file=sys.stderr)
+            return 1
     if not _env_given(args):
         env = checkpoint_env(cfg.checkpoint)
         if env is None:

@@ -12,7 +12,7 @@ This module imports no torch: env worker processes unpickle it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from robopolicy.config import ConfigError
@@ -21,6 +21,7 @@ from robopolicy.scale.ray_backend import RayConfig
 
 PERSON_FOLLOW = "robopolicy/PersonFollow-v0"
 PERSON_FOLLOW_SPLITS = ("stt", "dt", "at")
+INSTRUCTION_MODES = ("normal", "swap", "blank")
 
 
 @dataclass
@@ -116,6 +117,10 @@ class EvalConfig:
     one, else the env default."""
     max_steps: int | None = None
     """Cut episodes at this many steps (for envs without their own limit); ``None``: the env's."""
+    instruction: Literal["normal", "swap", "blank"] = "normal"
+    """What the policy is told: ``normal``, the task's instruction; ``swap``, the same scene with
+    the instruction naming another visible person, who becomes the target (envs that take an
+    ``instruction`` argument: PersonFollow); ``blank``, an empty instruction (any env)."""
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     mapping: EnvMapping = field(default_factory=EnvMapping)
     videos: int = 2
@@ -143,8 +148,16 @@ class EvalConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.videos < 0:
             raise ValueError(f"videos must be >= 0, got {self.videos}")
+        if self.instruction not in INSTRUCTION_MODES:
+            raise ValueError(f"instruction must be one of {list(INSTRUCTION_MODES)}, got {self.instruction!r}")
         if self.success not in ("auto", "final", "any"):
             raise ValueError(f"success must be auto, final or any, got {self.success!r}")
+
+    def mapping_for_policy(self) -> EnvMapping:
+        """The env mapping with the instruction mode applied (``blank``: the task is ``""``)."""
+        if self.instruction == "blank":
+            return replace(self.mapping, task="")
+        return self.mapping
 
     def split_list(self) -> list[str | None]:
         """The splits this run covers (``[None]`` for envs without splits)."""

@@ -227,6 +227,29 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+class OracleDrives(gymnasium.Wrapper):
+    """The task's privileged oracle chooses every action; the action given to :meth:`step` is
+    ignored (``robopolicy eval --checkpoint oracle``, :mod:`robopolicy.eval.oracle_policy`)."""
+
+    def __init__(self, env: gymnasium.Env):
+        super().__init__(env)
+        from sim_envs import make_oracle
+
+        self.oracle = make_oracle(env, noise=0.0)
+        self._last: tuple[Any, dict] = ({}, {})
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.oracle.reset(obs, info)
+        self._last = (obs, info)
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(self.oracle.act(*self._last).action)
+        self._last = (obs, info)
+        return obs, reward, terminated, truncated, info
+
+
 @dataclass
 class EvalEnvSpec:
     """Everything a worker process needs to build one evaluation env (picklable)."""
@@ -242,6 +265,8 @@ class EvalEnvSpec:
     """Task wrapper settings (:func:`sim_envs.wrappers.wrap_task`); ``None``: none."""
     success_rule: str = "auto"
     render_mode: str | None = "rgb_array"
+    oracle: bool = False
+    """The task's oracle acts (:class:`OracleDrives`) and the policy's actions are ignored."""
 
 
 def make_task_env(env: EnvConfig, waypoints: int | None = None, render_mode: str | None = None, wrap: bool = True,
@@ -260,6 +285,8 @@ def make_task_env(env: EnvConfig, waypoints: int | None = None, render_mode: str
 def make_eval_env(spec: EvalEnvSpec) -> gymnasium.Env:
     """Build the wrapped evaluation env for ``spec`` (see the module docstring)."""
     env = make_task_env(spec.env, spec.waypoints, spec.render_mode, wrap=spec.task is not None, **(spec.task or {}))
+    if spec.oracle:
+        env = OracleDrives(env)
     if spec.mapping is not None:
         env = MappedEnv(env, spec.mapping)
     return EvalEpisode(env, videos=spec.videos, max_steps=spec.max_steps, success_rule=spec.success_rule)

@@ -39,8 +39,10 @@ class SplitResult:
 def summarize_split(env_id: str, episodes: list[dict[str, Any]], fps: float | None = None) -> dict[str, float]:
     """The task's summary over episode records (as produced by ``EvalEpisode``).
 
-    PersonFollow: success / tracking / collision / lost rates. Other tasks: success rate and
-    mean steps to success (plus seconds when ``fps`` is known) and the mean return.
+    PersonFollow: success / tracking / collision / lost / wrong-target rates (and, with
+    ``instruction=swap``, the share of retargeted episodes). Other tasks: success rate and mean
+    steps to success (plus seconds when ``fps`` is known), the mean return, and PickPlace's
+    wrong-object rate.
     """
     results = [
         EpisodeResult(seed=int(e["seed"]), steps=int(e["steps"]), success=bool(e["success"]),
@@ -75,18 +77,28 @@ class EvalReport:
     config: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def instruction(self) -> str:
+        """The instruction mode of the run (``normal``, ``swap`` or ``blank``)."""
+        return str(self.config.get("instruction", "normal"))
+
+    @property
     def tracking(self) -> bool:
         return any("tracking_rate" in s.summary for s in self.splits)
 
     def table(self) -> str:
         """Markdown table, one row per split (rates in %)."""
         if self.tracking:
-            head = ["split", "episodes", "SR %", "TR %", "CR %", "CR person %", "lost %", "policy ms/call", "env steps/s"]
+            head = ["split", "episodes", "SR %", "TR %", "CR %", "CR person %", "lost %", "wrong target %",
+                    "policy ms/call", "env steps/s"]
             rows = [[s.split or s.label, str(s.summary.get("episodes", 0)), _pct(s.summary.get("success_rate")),
                      _pct(s.summary.get("tracking_rate")), _pct(s.summary.get("collision_rate")),
-                     _pct(s.summary.get("person_collision_rate")),
-                     _pct(s.summary.get("lost_rate")), _num(s.policy_ms_per_call), _num(s.steps_per_s)]
+                     _pct(s.summary.get("person_collision_rate")), _pct(s.summary.get("lost_rate")),
+                     _pct(s.summary.get("wrong_target_rate")), _num(s.policy_ms_per_call), _num(s.steps_per_s)]
                     for s in self.splits]
+            if self.instruction == "swap":
+                head.insert(-2, "retargeted %")
+                for row, s in zip(rows, self.splits):
+                    row.insert(-2, _pct(s.summary.get("retargeted_rate")))
         else:
             head = ["task", "episodes", "success %", "steps to success", "time to success s", "mean return",
                     "policy ms/call", "env steps/s"]
@@ -94,6 +106,10 @@ class EvalReport:
                      _num(s.summary.get("mean_steps_to_success")), _num(s.summary.get("mean_time_to_success_s"), 2),
                      _num(s.summary.get("mean_return"), 2), _num(s.policy_ms_per_call), _num(s.steps_per_s)]
                     for s in self.splits]
+            if any("wrong_object_rate" in s.summary for s in self.splits):
+                head.insert(3, "wrong object %")
+                for row, s in zip(rows, self.splits):
+                    row.insert(3, _pct(s.summary.get("wrong_object_rate")))
         lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
@@ -112,7 +128,8 @@ class EvalReport:
         js.write_text(json.dumps(self.to_dict(), indent=2, default=_json_safe, allow_nan=False) + "\n")
         header = f"# Evaluation: {Path(self.checkpoint).name or self.checkpoint} on {self.env_id}\n\n"
         seeds = f"\nSeeds {self.seed}.. (episode i uses seed {self.seed} + i, the same for every split).\n"
-        md.write_text(header + self.table() + "\n" + seeds)
+        mode = "" if self.instruction == "normal" else f"Instruction: {self.instruction}.\n\n"
+        md.write_text(header + mode + self.table() + "\n" + seeds)
         return js, md
 
 

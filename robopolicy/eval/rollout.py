@@ -83,10 +83,16 @@ def split_env_config(cfg: EvalConfig, split: str | None, policy: Any) -> EnvConf
 
     cams, scene = observation_needs(policy)
     offer("use_cameras", None if cams else False)
+    offer("camera", None if cams else False)  # PersonFollow's name for it
     offer("env_state", True if scene else None)
     image_size = cfg.image_size if cfg.image_size is not None else trained_image_size(policy)
     offer("image_size", None if image_size is None else int(image_size))
     offer("render_size", None if cfg.render_size is None else int(cfg.render_size))
+    if cfg.instruction == "swap":
+        if not accepts_kwarg(env_id, "instruction"):
+            raise ConfigError(f"instruction=swap needs an env that can re-target by instruction (an 'instruction' "
+                              f"argument, as robopolicy/PersonFollow-v0 has); {env_id} has none")
+        kwargs["instruction"] = "swap"
     return EnvConfig(id=cfg.env.id, kwargs=kwargs)
 
 
@@ -123,8 +129,9 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
     video_dir = Path(cfg.out) / "videos"
     slug = label.replace("[", "_").replace("]", "")
     videos = {seeds[i]: str(video_dir / f"{slug}_ep{i:03d}_seed{seeds[i]}.mp4") for i in range(min(cfg.videos, n))}
-    spec = EvalEnvSpec(env=env_cfg, mapping=cfg.mapping, waypoints=_follower_waypoints(cfg, runner), videos=videos,
-                       max_steps=cfg.max_steps, success_rule=cfg.success)
+    spec = EvalEnvSpec(env=env_cfg, mapping=cfg.mapping_for_policy(), waypoints=_follower_waypoints(cfg, runner),
+                       videos=videos, max_steps=cfg.max_steps, success_rule=cfg.success,
+                       oracle=bool(getattr(runner.policy, "drives_with_oracle", False)))
     width = min(cfg.workers, n)
     every_step = cfg.chunk.predict_every_step
     if every_step is None:  # a policy with temporal context must see every frame

@@ -21,7 +21,7 @@ from sim_envs.core import check_action, check_choice, check_options
 from sim_envs.person_follow import metrics as M
 from sim_envs.person_follow.geometry import bearing, clearance, free_run, nearest_hazard, wrap_angle
 from sim_envs.person_follow.people import INSTRUCTION_CHARSET, SHIRT_COLORS, TROUSER_COLORS
-from sim_envs.person_follow.scenario import Scenario, generate_scenario
+from sim_envs.person_follow.scenario import Scenario, generate_scenario, retarget
 from sim_envs.person_follow.scene import (
     FRONT_GROUPS,
     HIDDEN_Z,
@@ -39,6 +39,7 @@ from sim_envs.person_follow.scene import (
 )
 
 SPLITS = ("stt", "dt", "at")
+INSTRUCTION_MODES = ("normal", "swap")
 CONTROL_HZ = 10
 DT = 1.0 / CONTROL_HZ
 FREE_RUN_RANGE = 8.0  # m: free_run_label saturates here (half the room; the oracle's view is rarely blocked within 3 m)
@@ -97,6 +98,13 @@ class PersonFollowEnv(gymnasium.Env):
         render_mode: None or "rgb_array"; render() gives front + top-down side by side.
         render_size: height in pixels of the views of render() / render_views().
         num_others: fixed number of other people (None: random, 0-7 for stt, 1-7 otherwise).
+        instruction: "normal", or "swap": the same scene (same seed, same people, same walks), but
+            the instruction names another person, who becomes the target (the oracle and every
+            metric follow the new target). The new target is drawn among the others who are
+            visible and within ``FOLLOW_MAX_DISTANCE`` at t=0 and whose four attributes no one
+            else shares; the instruction names all that tells them apart (the ``dt`` phrasing).
+            An episode with no such person keeps its target and instruction;
+            ``episode_metrics["retargeted"]`` says which happened. Also a reset option.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
@@ -115,8 +123,10 @@ class PersonFollowEnv(gymnasium.Env):
         render_size: int = 256,
         num_others: int | None = None,
         substeps: int = 4,
+        instruction: str = "normal",
     ):
         self.split = check_choice("split", split, SPLITS)
+        self.instruction = check_choice("instruction", instruction, INSTRUCTION_MODES)
         check_choice("render_mode", render_mode, (None, "rgb_array"))
         self.render_mode = render_mode
         if isinstance(image_size, (int, np.integer)) and not isinstance(image_size, bool):
@@ -217,12 +227,11 @@ class PersonFollowEnv(gymnasium.Env):
         m.geom_rbound[gid] = rb
         m.geom_aabb[gid, 3:] = aabb
 
-    def _apply_scenario(self, sc: Scenario):
+    def _apply_scenario(self, sc: Scenario, slots: np.ndarray | None = None):
         m = self.model
         n = len(sc.people)
-        rng = self.np_random
         # People: a random slot order so the target's slot carries no information.
-        self._slots = rng.permutation(MAX_PEOPLE)[:n]
+        self._slots = self.np_random.permutation(MAX_PEOPLE)[:n] if slots is None else np.asarray(slots)
         self._target_slot = int(self._slots[0])
         for i in range(MAX_PEOPLE):
             for p in PERSON_PARTS:
@@ -278,7 +287,8 @@ class PersonFollowEnv(gymnasium.Env):
             self._trajs[k, t:] = tr[t - 1]
         self._target_ticks = int(sc.target_ticks)
         self._reference_steps = int(min(sc.target_ticks, self.max_steps))
-        self._vis_pts, self._vis_rad = _visibility_points(sc.people[0].height)
+        self._person_vis = [_visibility_points(app.height) for app in sc.people]
+        self._vis_pts, self._vis_rad = self._person_vis[0]
         self._obstacles_active = sc.obstacles[sc.obstacle_mask].copy()
         self._obstacles_info = np.concatenate([sc.obstacles, sc.obstacle_height[:, None]], axis=1).astype(np.float32)
         self._obstacle_mask = sc.obstacle_mask.copy()
@@ -288,12 +298,28 @@ class PersonFollowEnv(gymnasium.Env):
 
     # ------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        options = check_options(options, ("num_others",))
+        options = check_options(options, ("num_others", "instruction"))
         super().reset(seed=seed)
         n_others = self._check_num_others(options["num_others"]) if "num_others" in options else self.num_others
+        mode = check_choice("instruction", options.get("instruction", self.instruction), INSTRUCTION_MODES)
         sc = generate_scenario(self.np_random, self.split, self.max_steps, DT, n_others)
-        self.scenario = sc
         self._apply_scenario(sc)
+        self._start(sc)
+        self._retargeted = False
+        if mode == "swap":
+            new = self._swap_candidate()
+            if new is not None:
+                order = [new, *(k for k in range(len(sc.people)) if k != new)]
+                sc = retarget(sc, order, self.np_random)
+                self._apply_scenario(sc, self._slots[order])
+                self._start(sc)
+                self._retargeted = True
+        info = self._evaluate(ended=False)
+        return self._observation(), info
+
+    def _start(self, sc: Scenario) -> None:
+        """Everything that changes within an episode, at its start."""
+        self.scenario = sc
         self._clock = np.zeros(self._n_people, dtype=np.int64)
         self._ppos = self._trajs[:, 0, :].copy()
         self._pvel = np.zeros((self._n_people, 2))
@@ -307,8 +333,16 @@ class PersonFollowEnv(gymnasium.Env):
         self._task = sc.instruction
         self._episode_ready = True
         self._sync_sim()
-        info = self._evaluate(ended=False)
-        return self._observation(), info
+
+    def _swap_candidate(self) -> int | None:
+        """Index of a person (not the target) the ``swap`` instruction may name: visible and within
+        follow range now, with attributes no one else shares; drawn at random among those."""
+        people = self.scenario.people
+        dists = np.hypot(*(self._ppos[:, :2] - self._robot[:2]).T)
+        ok = [k for k in range(1, len(people))
+              if dists[k] <= M.FOLLOW_MAX_DISTANCE and M.is_visible(self._visibility(k)[0])
+              and sum(p.attributes() == people[k].attributes() for p in people) == 1]
+        return int(self.np_random.choice(ok)) if ok else None
 
     def step(self, action):
         if not self._episode_ready:
@@ -325,7 +359,7 @@ class PersonFollowEnv(gymnasium.Env):
         return obs, 0.0, terminated, truncated, info
 
     _DYNAMIC = ("_clock", "_ppos", "_pvel", "_poff", "_robot", "_twist", "_steps", "_lost_counter",
-                "_following_steps", "_contact", "_last_metrics")
+                "_following_steps", "_contact", "_last_metrics")  # _retargeted is fixed at reset
 
     def get_state(self) -> dict:
         """A copy of everything that changes within an episode (robot, people, counters); the
@@ -499,10 +533,14 @@ class PersonFollowEnv(gymnasium.Env):
     # ------------------------------------------------------------------ perception
     def _target_visibility(self) -> tuple[float, np.ndarray]:
         """Fraction of the target's sample points in frame and unoccluded, and its pixel box."""
+        return self._visibility(0)
+
+    def _visibility(self, k: int) -> tuple[float, np.ndarray]:
+        """Fraction of person ``k``'s sample points in frame and unoccluded, and its pixel box."""
         d = self.data
-        px, py, pth = self._ppos[0]
+        px, py, pth = self._ppos[k]
         c, s = math.cos(pth), math.sin(pth)
-        lp = self._vis_pts
+        lp, vis_rad = self._person_vis[k]
         world = np.empty_like(lp)
         world[:, 0] = px + c * lp[:, 0] - s * lp[:, 1]
         world[:, 1] = py + s * lp[:, 0] + c * lp[:, 1]
@@ -524,12 +562,12 @@ class PersonFollowEnv(gymnasium.Env):
         _multi_ray(self.model, d, np.ascontiguousarray(cam_pos, dtype=np.float64), vec, self._ray_groups,
                    self._robot_body, self._ray_geomid, self._ray_dist, self._nvis)
         gid = self._ray_geomid
-        hit_target = (gid >= 0) & (self._geom_body[np.maximum(gid, 0)] == self._person_body[self._target_slot])
+        hit_target = (gid >= 0) & (self._geom_body[np.maximum(gid, 0)] == self._person_body[self._slots[k]])
         visible = in_frame & hit_target
         frac = float(np.count_nonzero(visible)) / self._nvis
         if not np.any(visible):
             return frac, np.zeros(4, dtype=np.float32)
-        rpx = self._focal * self._vis_rad[visible] / safe[visible]
+        rpx = self._focal * vis_rad[visible] / safe[visible]
         uu, vv = u[visible], vpx[visible]
         box = np.array([
             max(0.0, float(np.min(uu - rpx))),
@@ -600,7 +638,17 @@ class PersonFollowEnv(gymnasium.Env):
             collision=sm["collision"],
             lost=sm["lost"],
             person_collision=sm["min_person_distance"] < M.COLLISION_DISTANCE,
+            wrong_target=self._followed_person() not in (None, 0),
+            retargeted=self._retargeted,
         )
+
+    def _followed_person(self) -> int | None:
+        """The person the robot is following now (:func:`metrics.followed_person`): index into the
+        scenario's people (0: the target), or None."""
+        rel = self._ppos[:, :2] - self._robot[:2]
+        bearings = wrap_angle(np.arctan2(rel[:, 1], rel[:, 0]) - self._robot[2])
+        fractions = [self._visibility(k)[0] for k in range(self._n_people)]
+        return M.followed_person(np.hypot(rel[:, 0], rel[:, 1]), np.asarray(fractions), bearings)
 
     # ------------------------------------------------------------------ rendering
     def _renderer(self, h: int, w: int, kind: str = "rgb") -> mujoco.Renderer:

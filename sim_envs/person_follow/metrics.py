@@ -14,6 +14,12 @@ Per episode
                  sum(following) / sum(max(steps, reference)).
   person collision  the episode ended in a collision with a person (< COLLISION_DISTANCE): the
                  collision EVT-Bench counts; ``collision`` also counts obstacles and walls.
+  wrong target   the episode ended while following someone else: among the people within
+                 FOLLOW_MAX_DISTANCE whose visible fraction is >= VISIBLE_MIN_FRACTION at the
+                 final step, the one nearest the robot's heading (smallest |bearing|) is not the
+                 target (``followed_person``). Nobody in follow range and view: not a wrong target.
+  retargeted     (``instruction="swap"`` episodes) the instruction was changed to name another
+                 person, who became the target.
 """
 
 from __future__ import annotations
@@ -75,13 +81,26 @@ def step_metrics(distance: float, visible_fraction: float, min_person_distance: 
     }
 
 
+def followed_person(distances, visible_fractions, bearings) -> int | None:
+    """Whom the robot is following: of the people (index 0: the target) within FOLLOW_MAX_DISTANCE
+    and visible (:func:`is_visible`), the one nearest its heading (smallest |bearing|, rad); None
+    when there is nobody."""
+    best, best_bearing = None, float("inf")
+    for k, (d, f, b) in enumerate(zip(distances, visible_fractions, bearings)):
+        if is_following(float(d), float(f)) and abs(float(b)) < best_bearing:
+            best, best_bearing = k, abs(float(b))
+    return best
+
+
 def tracking_rate(following_steps: int, steps: int, reference_steps: int) -> float:
     return float(following_steps) / float(max(steps, reference_steps, 1))
 
 
 def episode_metrics(following_steps: int, steps: int, reference_steps: int, success: bool, collision: bool, lost: bool,
-                    person_collision: bool = False) -> dict:
+                    person_collision: bool = False, wrong_target: bool = False, retargeted: bool = False) -> dict:
     return {
+        "wrong_target": bool(wrong_target),
+        "retargeted": bool(retargeted),
         "success": bool(success),
         "collision": bool(collision),
         "person_collision": bool(collision and person_collision),
@@ -94,12 +113,16 @@ def episode_metrics(following_steps: int, steps: int, reference_steps: int, succ
 
 
 def summarize_episodes(episodes: Iterable[Mapping]) -> dict:
-    """Pool episode metrics: success / collision / lost rates and the pooled tracking rate."""
+    """Pool episode metrics: success / collision / lost / wrong-target rates, the pooled tracking
+    rate, the share of retargeted episodes and the success rate over those alone (None without
+    any)."""
     eps = list(episodes)
     n = len(eps)
     if n == 0:
         return {"success_rate": 0.0, "tracking_rate": 0.0, "collision_rate": 0.0, "person_collision_rate": 0.0,
-                "lost_rate": 0.0, "episodes": 0}
+                "lost_rate": 0.0, "wrong_target_rate": 0.0, "retargeted_rate": 0.0,
+                "retargeted_success_rate": None, "episodes": 0}
+    swapped = [e for e in eps if e.get("retargeted", False)]
     follow = sum(int(e["following_steps"]) for e in eps)
     denom = sum(max(int(e["steps"]), int(e["reference_steps"]), 1) for e in eps)
     return {
@@ -108,5 +131,8 @@ def summarize_episodes(episodes: Iterable[Mapping]) -> dict:
         "collision_rate": sum(bool(e["collision"]) for e in eps) / n,
         "person_collision_rate": sum(bool(e.get("person_collision", False)) for e in eps) / n,
         "lost_rate": sum(bool(e["lost"]) for e in eps) / n,
+        "wrong_target_rate": sum(bool(e.get("wrong_target", False)) for e in eps) / n,
+        "retargeted_rate": len(swapped) / n,
+        "retargeted_success_rate": sum(bool(e["success"]) for e in swapped) / len(swapped) if swapped else None,
         "episodes": n,
     }

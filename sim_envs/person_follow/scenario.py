@@ -8,12 +8,16 @@ of its seed. Constraints that keep the task solvable and realistic:
 * other people avoid obstacles and keep >= 1 m (space-time) from the target and from where
   the robot will roughly be (the target's path, delayed), so crossings in front of the
   robot happen (occlusions) without anyone walking through anyone;
-* at t=0 the target is the person closest to the image centre (needed by the ``at`` split).
+* at t=0 the target is the person closest to the image centre (needed by the ``at`` split),
+  except in the ``dt`` decoy episodes (a share ``DT_DECOY_SHARE`` of ``dt``): there the robot
+  starts facing between the target and a distractor who is at least as central (|bearing| no
+  larger) and at least as near as the target, so locking on the centred or nearest person fails
+  and only the instruction tells them apart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -26,6 +30,10 @@ OTHER_SPEED = (0.4, 1.4)
 SPACING_TARGET = 0.75  # min space-time distance of others to the target
 SPACING_ROBOT = 0.8  # ... to the robot's nominal (delayed target) path
 SPACING_OTHERS = 0.8
+DT_DECOY_SHARE = 0.7  # dt episodes that start with a decoy (a distractor as central and as near as the target)
+DECOY_TARGET_BEARING = (0.35, 0.6)  # rad: |target bearing| at t=0 in a decoy episode (in frame at 90 deg hfov)
+DECOY_DISTANCE_MIN = 1.3  # m from the robot
+DECOY_SIGHT_GAP = 1.0  # m: the decoy keeps this far from the robot-target segment (no occlusion, room to pass)
 
 
 @dataclass
@@ -158,6 +166,54 @@ def _other_walk(rng, kind, target, dt, horizon, obstacles):
     return walk(start, yaw0, goals, speed, stops, dt, initial_wait=int(rng.integers(0, 20)), max_ticks=horizon + 50)
 
 
+def _decoy_walk(rng, target, robot_start, active, tgt, robot_nom, horizon, dt):
+    """A distractor who starts at least as central and as near as the target, seen from the robot
+    (``robot_start``, already turned to face between them), then stands or wanders off; its
+    ``(T, 3)`` walk, or None when no placement keeps the spacing rules."""
+    rxy, ryaw = robot_start[:2], robot_start[2]
+    rel = target[0, :2] - rxy
+    d_t = float(np.hypot(*rel))
+    b_t = abs(float(wrap_angle(np.arctan2(rel[1], rel[0]) - ryaw)))
+    margin = ROOM_HALF - 0.7
+    lag = min(int(round(2.0 / 0.4 / dt)), horizon)  # the longest time the robot may take to reach the target's start
+    for _try in range(40):
+        b = ryaw + rng.uniform(-b_t, b_t)
+        d = rng.uniform(DECOY_DISTANCE_MIN, d_t)
+        p0 = rxy + d * np.array([np.cos(b), np.sin(b)])
+        if np.max(np.abs(p0)) > margin or segment_point_distance(rxy, target[0, :2], p0) < DECOY_SIGHT_GAP:
+            continue
+        if len(active) and np.min(segment_point_distance(rxy, p0, active[:, :2]) - active[:, 3:5].max(1)) < 0.3:
+            continue  # an obstacle hides the decoy
+        yaw0 = float(rng.uniform(-np.pi, np.pi))
+        if rng.random() < 0.3:
+            tr = np.array([[p0[0], p0[1], yaw0]])
+        else:
+            goals = [rng.uniform(-margin, margin, size=2) for _ in range(int(rng.integers(1, 4)))]
+            stops = [int(rng.integers(0, 30)) if rng.random() < 0.3 else 0 for _ in goals]
+            tr = walk(p0, yaw0, goals, float(rng.uniform(*OTHER_SPEED)), stops, dt,
+                      initial_wait=int(rng.integers(0, 15)), max_ticks=horizon + 50)
+        pt = _pad(tr, horizon)
+        if np.min(clearance(pt[:, :2], active, ROOM_HALF)) < 0.5:
+            continue
+        if np.min(np.linalg.norm(pt[:, :2] - tgt[:, :2], axis=1)) < SPACING_TARGET:
+            continue
+        if np.min(np.linalg.norm(pt[lag:, :2] - robot_nom[lag:], axis=1), initial=np.inf) < SPACING_ROBOT:
+            continue
+        if np.min(segment_point_distance(rxy, target[0, :2], pt[:lag, :2])) < SPACING_ROBOT:
+            continue  # in the way while the robot closes in on the target's start
+        return tr
+    return None
+
+
+def decoy_at_start(robot_start: np.ndarray, positions: np.ndarray) -> bool:
+    """Whether someone else (``positions[1:]``, xy at t=0) is at least as central (|bearing| no
+    larger) and at least as near as the target (``positions[0]``), seen from ``robot_start``."""
+    rel = np.asarray(positions)[:, :2] - robot_start[:2]
+    dist = np.hypot(rel[:, 0], rel[:, 1])
+    bear = np.abs(wrap_angle(np.arctan2(rel[:, 1], rel[:, 0]) - robot_start[2]))
+    return bool(np.any((bear[1:] <= bear[0]) & (dist[1:] <= dist[0])))
+
+
 def generate_scenario(rng: np.random.Generator, split: str, max_steps: int, dt: float, n_others: int | None = None) -> Scenario:
     horizon = max_steps + 1
     for _attempt in range(50):
@@ -172,8 +228,19 @@ def generate_scenario(rng: np.random.Generator, split: str, max_steps: int, dt: 
         people = sample_appearances(rng, split, n_want)
         trajs = [target]
         padded = []
-        t_bearing = abs(wrap_angle(np.arctan2(*(target[0, 1::-1] - robot_start[1::-1])) - robot_start[2]))
         kept = [people[0]]
+        if split == "dt" and len(people) > 1 and rng.random() < DT_DECOY_SHARE:
+            to_target = float(np.arctan2(*(target[0, 1::-1] - robot_start[1::-1])))
+            robot_start = robot_start.copy()
+            robot_start[2] = wrap_angle(to_target - rng.choice([-1.0, 1.0]) * rng.uniform(*DECOY_TARGET_BEARING))
+            decoy = _decoy_walk(rng, target, robot_start, active, tgt, robot_nom, horizon, dt)
+            if decoy is None:
+                continue
+            trajs.append(decoy)
+            padded.append(_pad(decoy, horizon))
+            kept.append(people[1])
+            people = [people[0], *people[2:]]
+        t_bearing = abs(wrap_angle(np.arctan2(*(target[0, 1::-1] - robot_start[1::-1])) - robot_start[2]))
         for k in range(1, len(people)):
             ok = False
             for _try in range(40):
@@ -229,3 +296,12 @@ def generate_scenario(rng: np.random.Generator, split: str, max_steps: int, dt: 
             looks=looks,
         )
     raise RuntimeError(f"could not generate a {split} scenario")
+
+
+def retarget(sc: Scenario, order: list[int], rng: np.random.Generator) -> Scenario:
+    """The same scene with ``sc.people[order[0]]`` as the target: people and walks put in
+    ``order`` (the target first), an instruction that names the new target by everything that
+    tells them apart from the others (the ``dt`` phrasing: shirt, trousers, and hat and height
+    wherever someone else differs in them), and the episode as long as before."""
+    people = [sc.people[k] for k in order]
+    return replace(sc, people=people, trajs=[sc.trajs[k] for k in order], instruction=instruction(rng, "dt", people))
