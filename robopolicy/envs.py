@@ -24,6 +24,9 @@ class EnvConfig:
     id: str = "robopolicy/PersonFollow-v0"
     """A registered gymnasium id, or ``module:EnvId`` (the module is imported to register it)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
+    randomize: dict[str, Any] = field(default_factory=dict)
+    """Domain randomisation at every reset (:mod:`sim_envs.randomization`): ``{lighting, textures,
+    camera_jitter: true/false, distractors: N, seed: S}``; empty: off."""
 
     def label(self) -> str:
         split = self.kwargs.get("split")
@@ -63,6 +66,14 @@ def make_env(cfg: EnvConfig, render_mode: str | None = "rgb_array") -> gymnasium
     """Build the env; an unknown id or a bad kwarg becomes a ConfigError naming it."""
     env_id = resolve_env_id(cfg.id)
     try:
-        return gymnasium.make(env_id, render_mode=render_mode, disable_env_checker=True, **cfg.kwargs)
+        env = gymnasium.make(env_id, render_mode=render_mode, disable_env_checker=True, **cfg.kwargs)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"env {cfg.id} kwargs {cfg.kwargs}: {exc}") from None
+    if cfg.randomize:
+        from sim_envs.randomization import DomainRandomization
+
+        try:
+            env = DomainRandomization(env, cfg.randomize)
+        except ValueError as exc:
+            raise ConfigError(f"env {cfg.id}: {exc}") from None
+    return env

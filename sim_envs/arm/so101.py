@@ -172,6 +172,16 @@ def _defaults() -> str:
   </default>"""
 
 
+# Visual-only objects for domain randomisation (sim_envs.randomization): no contact, no mass, hidden in
+# geom group 4 (renderers show groups 0-2) until the randomisation shows and places some at reset. Mocap
+# bodies after every other body, so no other geom's, body's or mocap body's index moves.
+_DISTRACTOR_GEOMS = ('type="sphere" size="0.012"', 'type="cylinder" size="0.013 0.012"',
+                     'type="ellipsoid" size="0.022 0.012 0.009"', 'type="capsule" size="0.008 0.012"')
+DISTRACTORS_XML = "".join(
+    f'<body name="distractor{i}" mocap="true" pos="0 0 -0.5"><geom name="distractor{i}" {g} contype="0" '
+    f'conaffinity="0" group="4" density="0" rgba="0.5 0.5 0.5 1"/></body>' for i, g in enumerate(_DISTRACTOR_GEOMS))
+
+
 def scene_xml(task: str, num_cubes: int = 0, num_targets: int = 1, with_cameras: bool = True) -> str:
     """Full scene: table, arm, cubes (free bodies) and targets of ``task`` (reach/push/pickplace).
 
@@ -231,6 +241,7 @@ def scene_xml(task: str, num_cubes: int = 0, num_targets: int = 1, with_cameras:
     {arm_xml(with_cameras)}
     {cubes}
     {targets}
+    {DISTRACTORS_XML}
   </worldbody>
   {actuators_xml()}
 </mujoco>"""
