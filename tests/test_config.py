@@ -122,7 +122,7 @@ def test_shipped_refine_configs_load_into_their_methods_config():
 
     methods = {"residual_ppo": "residual-ppo", "ppo": "ppo", "residual_td3": "residual-td3",
                "dagger": "dagger", "hg_dagger": "hg-dagger", "rpd": "rpd",
-               "world_model": "world-model"}
+               "world_model": "world-model", "distill": "distill"}
     root = Path(__file__).resolve().parents[1] / "configs" / "refine"
     assert not list(root.glob("*.yaml")), "a refine config sits outside its method's folder"
     assert sorted(d.name for d in root.iterdir() if d.is_dir()) == sorted(methods)
