@@ -140,7 +140,7 @@ def test_collect_unattended_records_episodes_on_one_world(tmp_path, capsys, rese
     m = record["metrics"]
     assert record["kind"] == "collect" and record["episodes"] == 3
     assert (m["resets_attempted"], m["resets_succeeded"], m["hard_resets"]) == (2, 2, 0)
-    assert m["episodes_per_hour"] > 0 and m["reset_steps"] > 0
+    assert m["episodes_per_hour"] > 0 and m["reset_steps"] > 0 and m["longest_without_env_reset"] == 3
     assert "resets 2/2 succeeded (100.0%), 0 hard env.reset" in text
 
 
@@ -150,12 +150,14 @@ def test_failed_resets_are_retried_then_recovered_by_a_hard_reset(tmp_path, caps
     m = json.loads((out / "summary.json").read_text())["metrics"]
     assert code == 0 and m["episodes"] == 3
     assert (m["resets_attempted"], m["resets_succeeded"], m["hard_resets"]) == (4, 0, 2)
+    assert m["longest_without_env_reset"] == 1
     assert len(reset_calls) == 3 and sum(m["reset_failures"].values()) == 4  # off its place, or still in a bowl
     assert "hard env.reset #2" in text and "attempt 2/2" in text
 
     code, out2, _ = _run(tmp_path / "b", capsys, f"reset={__name__}:every_other_reset", "retries=2")
     m = json.loads((out2 / "summary.json").read_text())["metrics"]
     assert (m["resets_attempted"], m["resets_succeeded"], m["hard_resets"]) == (4, 2, 0)
+    assert m["longest_without_env_reset"] == 3
 
 
 def test_a_bad_reset_behaviour_is_a_config_error(tmp_path, capsys):

@@ -14,12 +14,13 @@ at once when nothing the arm can do would fix it (a cube knocked out of its reac
 Every forward episode is recorded (LeRobot v3 through the one :class:`EpisodeRecorder`; failed
 ones too, marked in ``robopolicy/success``); resets are not. A progress line per episode, a
 one-line summary and ``<out>/summary.json`` (episodes, frames, resets attempted / succeeded,
-hard resets, episodes per hour) close the run.
+hard resets, episodes per hour, the machine's load average at the start and the end) close the run.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -63,6 +64,8 @@ class UnattendedStats:
     forward_steps: int = 0
     reset_steps: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # failed resets by kind (rearrange.LayoutCheck.kind)
+    since_env_reset: int = 0  # episodes since the last env.reset (the first one included)
+    longest_without_env_reset: int = 0  # the most episodes one stretch of the world ran without env.reset
     wall_s: float = 0.0
 
     @property
@@ -83,7 +86,7 @@ class UnattendedStats:
                 "resets_attempted": self.resets_attempted, "resets_succeeded": self.resets_succeeded,
                 "reset_success_rate": round(self.reset_success_rate, 4), "hard_resets": self.hard_resets,
                 "forward_steps": self.forward_steps,
-                "reset_steps": self.reset_steps, "reset_failures": dict(self.failures),
+                "reset_steps": self.reset_steps, "longest_without_env_reset": self.longest_without_env_reset, "reset_failures": dict(self.failures),
                 "episodes_per_hour": round(self.episodes_per_hour, 1)}
 
 
@@ -176,7 +179,7 @@ def reset_scene(env: Any, behaviour: Any, rng: np.random.Generator, cfg: Unatten
         say(f"[unattended] reset {stats.resets_attempted} failed (attempt {attempt}/{cfg.retries}): {check.reason}")
         if not check.recoverable:
             break
-    stats.hard_resets += 1
+    stats.hard_resets, stats.since_env_reset = stats.hard_resets + 1, 0
     say(f"[unattended] hard env.reset #{stats.hard_resets}")
     return env.reset(seed=cfg.seed + 1_000_000 + stats.hard_resets)
 
@@ -202,7 +205,7 @@ def collect_unattended(cfg: UnattendedConfig, log: Callable[[str], None] = print
     quiet_encoders()
     env_cfg = env_config_with_size(cfg)
     env = make_env(env_cfg, render_mode=None)
-    started, t0 = time.time(), time.perf_counter()
+    started, t0, load_start = time.time(), time.perf_counter(), os.getloadavg()
     stats = UnattendedStats()
     try:
         behaviour, driver = make_reset_behaviour(cfg), _Driver(env, cfg)
@@ -217,6 +220,8 @@ def collect_unattended(cfg: UnattendedConfig, log: Callable[[str], None] = print
                 frames, success = forward_episode(env, driver, recorder, obs, info)
                 stats.episodes, stats.frames = stats.episodes + 1, stats.frames + frames
                 stats.successes, stats.forward_steps = stats.successes + int(success), stats.forward_steps + frames
+                stats.since_env_reset += 1
+                stats.longest_without_env_reset = max(stats.longest_without_env_reset, stats.since_env_reset)
                 stats.wall_s = time.perf_counter() - t0
                 if cfg.progress:
                     log(f"[unattended] episode {stats.episodes}/{cfg.episodes} {'ok' if success else 'failed'} "
@@ -230,7 +235,8 @@ def collect_unattended(cfg: UnattendedConfig, log: Callable[[str], None] = print
         env.close()
     stats.wall_s = time.perf_counter() - t0
     write_summary(cfg.summary or cfg.out, kind="collect", config=cfg, seeds=[cfg.seed], episodes=stats.episodes,
-                  metrics=stats.metrics(), started_at=started, wall_time_s=stats.wall_s,
+                  metrics={**stats.metrics(), "load_average_1_5_15m": {"start": load_start, "end": os.getloadavg()}},
+                  started_at=started, wall_time_s=stats.wall_s,
                   extra={"task": env_cfg.id, "title": f"unattended collection, {cfg.reset} resets"})
     log(f"[unattended] {stats.line()}")
     return stats
