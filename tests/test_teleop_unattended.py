@@ -167,3 +167,11 @@ def test_a_bad_reset_behaviour_is_a_config_error(tmp_path, capsys):
     assert code == 2 and "reset: 'no_such_module:f' is neither 'scripted' nor an importable" in capsys.readouterr().err
     code = main(["collect", "--unattended", "--out", str(tmp_path / "y"), "--workers", "2"])
     assert code == 2 and "--workers does not apply" in capsys.readouterr().err
+
+
+def test_the_shipped_config_loads():
+    from robopolicy.config import load_config
+    from robopolicy.teleop.unattended import UnattendedConfig
+
+    cfg = load_config(UnattendedConfig, "configs/teleop/unattended_pickplace.yaml")
+    assert cfg.env.id == "robopolicy/ArmPickPlace-v0" and cfg.reset == "scripted" and cfg.retries == 3
