@@ -67,6 +67,10 @@ class DistillConfig(DAggerConfig):
     chunk_labels: str = "oracle"
     lr: float = 3e-4
     finetune_steps: int = 500
+    max_seconds: float = 0.0
+    """Wall-clock budget: no iteration starts once the time used plus the longest iteration so far
+    would pass it (0: run every iteration). The run then ends as after its last iteration, summary
+    and checkpoints written, and says how many iterations it ran."""
     feature_cache: bool = True
     """Encode each visited frame once with the frozen encoder and train on those features
     (stored as float16); ``false``: keep the images and encode them in every batch."""
@@ -240,6 +244,10 @@ def train(cfg: DistillConfig, log: Callable[[str], None] = print) -> dict:
     data, rows, env_steps, student = [], [], 0, None
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
+        longest = max((b["seconds"] - a["seconds"] for a, b in zip([{"seconds": 0.0}] + rows, rows)), default=0.0)
+        if cfg.max_seconds and rows and time.perf_counter() - t0 + longest > cfg.max_seconds:
+            log(f"[distill] stopping after {it} iterations: the next would pass max_seconds {cfg.max_seconds:.0f}")
+            break
         beta = cfg.beta0 * cfg.beta_decay**it
         t = time.perf_counter()
         if student is None:
@@ -271,7 +279,7 @@ def train(cfg: DistillConfig, log: Callable[[str], None] = print) -> dict:
     bar.close()
     student.save(out / "final")
     summary = {"teacher": cfg.teacher, "student_config": cfg.student_config, "before": None,
-               "after": rows[-1]["success"], "iterations": rows, "env_steps": env_steps,
+               "after": rows[-1]["success"], "iterations": rows, "iterations_run": len(rows), "env_steps": env_steps,
                **curve.best_summary(), "seconds": time.perf_counter() - t0, "seconds_by_phase": seconds,
                "eval_env": dataclasses.asdict(cfg.eval_env or cfg.env), "checkpoint": str(out / "final")}
     write_refine_summary(cfg, summary, started)
