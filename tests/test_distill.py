@@ -133,3 +133,14 @@ def test_evaluations_can_run_without_the_training_envs_randomisation(student_con
                                                           "eval_env.id=robopolicy/ArmPushCube-v0"])
     assert cfg.env.randomize == {"lighting": True}
     assert isinstance(cfg.eval_env, EnvConfig) and cfg.eval_env.randomize == {}
+
+
+def test_the_wall_clock_budget_stops_before_an_iteration_that_would_pass_it(student_config, tmp_path):
+    cfg = load_config(distill.DistillConfig, None, ENV + TINY + [f"student_config={student_config}", "iterations=3",
+                                                                 "max_seconds=0.001", f"out={tmp_path / 'run'}",
+                                                                 "progress=false"])
+    lines = []
+    summary = distill.train(cfg, log=lines.append)
+    assert summary["iterations_run"] == 1 and len(summary["iterations"]) == 1
+    assert any("stopping after 1 iterations" in line for line in lines)
+    assert (tmp_path / "run" / "final").is_dir() and (tmp_path / "run" / "summary.json").is_file()
