@@ -175,3 +175,16 @@ def test_the_shipped_config_loads():
 
     cfg = load_config(UnattendedConfig, "configs/teleop/unattended_pickplace.yaml")
     assert cfg.env.id == "robopolicy/ArmPickPlace-v0" and cfg.reset == "scripted" and cfg.retries == 3
+
+
+def test_a_table_with_no_room_for_a_layout_is_a_counted_hard_reset(tmp_path, capsys, reset_calls, monkeypatch):
+    import sim_envs.arm.rearrange as rearrange
+
+    def crowded(env, rng):
+        raise rearrange.NoLayout("no room on the table for a new layout")
+
+    monkeypatch.setattr(rearrange, "sample_layout", crowded)
+    code, out, text = _run(tmp_path, capsys)
+    m = json.loads((out / "summary.json").read_text())["metrics"]
+    assert code == 0 and (m["resets_attempted"], m["resets_succeeded"], m["hard_resets"]) == (2, 0, 2)
+    assert m["reset_failures"] == {"no_room": 2} and len(reset_calls) == 3 and "no room" in text

@@ -165,11 +165,16 @@ def reset_scene(env: Any, behaviour: Any, rng: np.random.Generator, cfg: Unatten
                 stats: UnattendedStats, say: Callable[[str], None]) -> tuple[dict, dict]:
     """Rearrange the scene into a new layout (retried; a hard ``env.reset`` after ``cfg.retries``
     failures in a row or an unrecoverable one); returns the next episode's (obs, info)."""
-    from sim_envs.arm.rearrange import begin_episode, check_layout, sample_layout
+    from sim_envs.arm.rearrange import NoLayout, begin_episode, check_layout, sample_layout
 
     for attempt in range(1, cfg.retries + 1):
-        layout = sample_layout(env, rng)
         stats.resets_attempted += 1
+        try:
+            layout = sample_layout(env, rng)
+        except NoLayout as exc:  # the cubes crowd the table where they lie: nothing to aim the arm at
+            stats.failures["no_room"] = stats.failures.get("no_room", 0) + 1
+            say(f"[unattended] reset {stats.resets_attempted} failed: {exc}")
+            break
         stats.reset_steps += int(behaviour.rearrange(env, layout))
         check = check_layout(env, layout, cfg.tolerance)
         if check.ok:

@@ -5,8 +5,8 @@ forward episode a *reset behaviour* moves the objects to a new random layout (Ro
 forward/reset pairing). In simulation the same loop runs on one continuous world.
 
 - :func:`sample_layout` draws the next layout from the scene as it stands: a new table position
-  for every cube and the next goal (cube, bowl). Bowls (zones) are fixed to the table and the
-  objects keep their colours, as physical objects do.
+  for every cube, kept clear for the cubes' :func:`move_order`, and the next goal (cube, bowl).
+  Bowls (zones) are fixed to the table and the objects keep their colours, as physical objects do.
 - A reset behaviour drives the arm toward that layout: anything with ``rearrange(env, layout)
   -> steps`` (:class:`ResetBehaviour`). :class:`ScriptedRearrange` is the scripted one; a learned
   reset (a policy conditioned on the target layout) plugs in through the same method.
@@ -83,32 +83,50 @@ def _allowed_goals(base: Any) -> list[tuple[int, int]]:
     return pairs
 
 
+class NoLayout(RuntimeError):
+    """The table as it stands has no room for a new layout (or the split no goal pair)."""
+
+
+def move_order(env: Any) -> tuple[int, ...]:
+    """The order the cubes are moved in: a cube held in the gripper first, then by index."""
+    base = _base(env)
+    held = [i for i in range(base.num_cubes) if _held(base, i)]
+    return tuple(held + [i for i in range(base.num_cubes) if i not in held])
+
+
+def _held(base: Any, i: int) -> bool:
+    cube, tcp = base.data.xpos[base._cube_body[i]], base.data.site_xpos[base._tcp]
+    return bool(np.linalg.norm(cube - tcp) < 0.025 and cube[2] > so101.CUBE_HALF + 0.01)
+
+
 def sample_layout(env: Any, rng: np.random.Generator) -> Layout:
-    """A new position for every cube, clear of the bowls (zones), of the other cubes where they
-    are now and of the new positions already drawn, in the task's own sampling sector; and the
-    next goal pair among those its split allows. Raises ``RuntimeError`` when the table has no
-    room or the split no pair with these colours."""
+    """A new table position for every cube and the next goal pair (among those the task's split
+    allows), in the task's own sampling sector. Cubes move in :func:`move_order`; each new
+    position keeps clear of the bowls (zones), of the cubes not yet moved where they are now, and
+    of the new positions drawn before it. Raises :class:`NoLayout` when the table has no room or
+    the split no pair with these colours."""
     base = _base(env)
     goals = _allowed_goals(base)
     if not goals:
-        raise RuntimeError(f"split {getattr(base, 'split', 'all')!r} asks for no goal pair with cubes "
-                           f"{base.cube_colors} and bowls {base.target_colors}")
+        raise NoLayout(f"split {getattr(base, 'split', 'all')!r} asks for no goal pair with cubes "
+                       f"{base.cube_colors} and bowls {base.target_colors}")
     targets = base.data.mocap_pos[base._target_mocap][:, :2]
     now = base.data.xpos[base._cube_body][:, :2]
+    order = move_order(env)
     target_sep = so101.BOWL_RADIUS + 0.045  # the open fingers stay clear of a bowl's wall
     for _ in range(200):
-        placed: list[np.ndarray] = []
-        for i in range(base.num_cubes):
-            existing = [(t, target_sep) for t in targets]
-            existing += [(now[j], 0.05) for j in range(base.num_cubes) if j != i] + [(p, 0.05) for p in placed]
-            pts = base._sample_points(rng, 1, (0.13, 0.21), (-1.0, 1.0), [0.05], existing)
+        placed: dict[int, np.ndarray] = {}
+        for k, i in enumerate(order):
+            existing = [(t, target_sep) for t in targets] + [(now[j], 0.05) for j in order[k + 1:]]
+            pts = base._sample_points(rng, 1, (0.13, 0.22), (-1.1, 1.1), [0.05],
+                                      existing + [(p, 0.05) for p in placed.values()])
             if pts is None:
                 break
-            placed.append(pts[0])
+            placed[i] = pts[0]
         else:
             c, t = goals[int(rng.integers(len(goals)))]
-            return Layout(np.array(placed), c, t)
-    raise RuntimeError("no room on the table for a new layout")
+            return Layout(np.array([placed[i] for i in range(base.num_cubes)]), c, t)
+    raise NoLayout("no room on the table for a new layout: the cubes not yet moved crowd it")
 
 
 def check_layout(env: Any, layout: Layout, tolerance: float = PLACE_TOLERANCE) -> LayoutCheck:
@@ -160,7 +178,7 @@ class ScriptedRearrange:
 
     Each move is the pick-and-place oracle's own plan with the cube's new position as its "bowl"
     (``replan`` on: it starts from wherever the forward episode left the arm, and carries on with
-    a cube already in the gripper). A cube held at the start moves first. A placement that misses
+    a cube already in the gripper). The cubes move in :func:`move_order` (a held one first). A placement that misses
     by more than the check's tolerance is picked up again; each cube gets ``steps_per_cube``
     control steps. The behaviour renders nothing (the cameras are off while it runs).
     """
@@ -173,18 +191,12 @@ class ScriptedRearrange:
     def rearrange(self, env: Any, layout: Layout) -> int:
         """Move every cube to ``layout``; returns the control steps taken."""
         base = _base(env)
-        held = [i for i in range(base.num_cubes) if self._held(base, i)]
-        order = held + [i for i in range(base.num_cubes) if i not in held]
+        order = move_order(env)  # the order sample_layout kept the new places clear for
         cameras, base.use_cameras = base.use_cameras, False
         try:
             return sum(self._move(base, i, layout.cube_xy[i]) for i in order)
         finally:
             base.use_cameras = cameras
-
-    @staticmethod
-    def _held(base: Any, i: int) -> bool:
-        cube, tcp = base.data.xpos[base._cube_body[i]], base.data.site_xpos[base._tcp]
-        return bool(np.linalg.norm(cube - tcp) < 0.025 and cube[2] > so101.CUBE_HALF + 0.01)
 
     def _move_info(self, base: Any, i: int, place: np.ndarray) -> dict:
         """The env's info with the cube's new position as the goal "bowl" of the oracle's plan."""
