@@ -87,7 +87,9 @@ class PersonFollowEnv(gymnasium.Env):
 
     Args:
         split: "stt" (single / clearly different people), "dt" (distractors share some
-            attributes), "at" (a look-alike is present; "follow the person in front of you").
+            attributes; in 70% of episodes one starts at least as central and as near as the
+            target, see ``scenario.py``), "at" (a look-alike is present; "follow the person in
+            front of you").
         image_size: egocentric image size, an int (square) or (height, width).
         hfov_deg: horizontal field of view of the front camera.
         camera: render the front RGB image into the observation (False: state-only obs;
