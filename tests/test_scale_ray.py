@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -111,6 +112,10 @@ def test_a_killed_collection_worker_is_replaced_and_its_episode_rerun(local_ray,
 
 
 # ----------------------------------------------------------------------------- evaluation
+# The Ray workers get the policy itself; this module is not importable there, so its classes travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 class FeedbackPolicy:
     """A chunk that depends on the state, so every seed gives its own episode."""
 
@@ -143,7 +148,7 @@ def test_ray_evaluation_gives_the_local_episodes_even_when_an_env_worker_dies(lo
     assert [e["seed"] for e in remote.episodes] == [e["seed"] for e in local.episodes]
     assert remote.episodes == local.episodes
 
-    killer = Killer("ray::EnvActor", after_s=0.5)
+    killer = Killer("RolloutWorker.run", after_s=0.5)
     killer.start()
     lines: list[str] = []
     hit = evaluate(FeedbackPolicy(), arm_eval(tmp_path / "kill", backend="ray", episodes=12,
@@ -156,3 +161,70 @@ def test_ray_evaluation_gives_the_local_episodes_even_when_an_env_worker_dies(lo
                                                     env=EnvConfig("robopolicy/ArmReach-v0", {"max_steps": 40})),
                          log=lambda m: None).splits[0]
     assert hit.episodes == reference.episodes  # every seed once, each episode as the local one
+
+
+# ----------------------------------------------------------------------------- refinement rollouts
+def same_frames(a: list[dict], b: list[dict]) -> None:
+    """Two rollouts' labelled frames are the same, frame by frame and in order: the same episodes,
+    steps and marks; states and labels equal up to float rounding (the local rollout predicts for
+    both envs in one batch, a Ray worker for its own env alone: a network's batched arithmetic can
+    differ in the last bits)."""
+    assert len(a) == len(b) > 0
+    for fa, fb in zip(a, b):
+        np.testing.assert_allclose(fa["obs"]["observation.state"], fb["obs"]["observation.state"], atol=1e-5)
+        np.testing.assert_allclose(fa["label"], fb["label"], atol=1e-5)
+        np.testing.assert_allclose(fa["future"], fb["future"], atol=1e-5)
+        assert (fa["index"], len(fa["episode"])) == (fb["index"], len(fb["episode"]))
+        assert all(fa.get(k) == fb.get(k) for k in ("pre_failure", "unrecoverable", "rescue", "intervention"))
+
+
+def test_refinement_rollouts_on_ray_give_the_local_episodes(local_ray):
+    from dataclasses import replace
+
+    from robopolicy.refine import dagger
+    from robopolicy.refine.ray_rollouts import dagger_rollout, hg_dagger_rollout, rollout_pool
+    from robopolicy.teleop import hg_dagger
+    from test_teleop_hg_dagger import ENV, tiny_point_policy
+
+    policy = tiny_point_policy()
+    cfg = dagger.DAggerConfig(env=ENV, num_envs=2, steps_per_iteration=70, filter=[], progress=False)
+    local = dagger.collect(policy, cfg, 0.5, np.random.default_rng(3), None)
+    hg = hg_dagger.HGDAggerConfig(env=ENV, num_envs=2, steps_per_iteration=70, progress=False)
+    hg_local, hg_counts = hg_dagger.collect(policy, hg, np.random.default_rng(4))
+    with rollout_pool(replace(cfg, backend="ray"), policy) as pool:
+        assert len(pool._idle) == 2
+        remote = dagger_rollout(pool, policy, cfg, 0.5, np.random.default_rng(3), None)
+        hg_remote, hg_remote_counts = hg_dagger_rollout(pool, policy, hg, np.random.default_rng(4))
+        assert pool.stats.reruns == 0
+    same_frames(local, remote)
+    assert sum(f["index"] == 0 for f in local) >= 4  # several episodes per row: the merge order is tested
+    same_frames(hg_local, hg_remote)
+    assert hg_counts == hg_remote_counts and hg_counts["takeovers"] >= 1
+
+
+def test_dagger_on_ray_refines_as_the_local_run_does_even_when_a_worker_dies(local_ray, tmp_path):
+    from robopolicy.refine import dagger
+    from test_teleop_hg_dagger import ENV, tiny_point_policy
+
+    def run(backend: str, killer: Killer | None = None):
+        cfg = dagger.DAggerConfig(env=ENV, num_envs=2, iterations=2, steps_per_iteration=80, finetune_steps=5,
+                                  batch_size=8, lr=1e-3, filter=[], eval_episodes=2, eval_envs=1, device="cpu",
+                                  progress=False, backend=backend, out=str(tmp_path / backend))
+        policy = tiny_point_policy()
+        if killer is not None:
+            killer.start()
+        summary = dagger.train(cfg, policy=policy, log=lambda m: None)
+        return summary, policy.state_dict()
+
+    local, local_weights = run("local")
+    killer = Killer("RolloutWorker.run", after_s=0.2)
+    remote, remote_weights = run("ray", killer)
+    killer.stop.set()
+    assert killer.killed is not None  # a worker died mid-rollout and its row ran again
+    assert remote["rollout_reruns"] >= 1 and local["rollout_reruns"] == 0
+    keys = ("env_steps", "kept_states", "aggregate_states", "before", "after")
+    assert [remote[k] for k in keys] == [local[k] for k in keys]
+    # the same frames, fine-tuned on with the same draws: the weights part only by float rounding
+    # (batched and one-row predictions), which Adam's normalised steps carry to ~1e-4 in 10 steps
+    for k in local_weights:
+        np.testing.assert_allclose(local_weights[k].numpy(), remote_weights[k].numpy(), atol=2e-3, err_msg=k)

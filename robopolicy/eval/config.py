@@ -106,8 +106,9 @@ class EvalConfig:
     workers: int = 1
     """Parallel envs; > 1 runs them in worker processes (gymnasium AsyncVectorEnv), or Ray actors."""
     backend: Literal["local", "ray"] = "local"
-    """Where the envs run: ``local`` worker processes, or ``ray`` actors (``robopolicy[scale]``;
-    the policy stays in this process and the episodes are the local ones, seed for seed)."""
+    """Where the episodes run: ``local`` worker processes (the policy here), or ``ray`` actors, each
+    with a copy of the policy running whole episodes (``robopolicy[scale]``); the same seeds give
+    the same episodes."""
     ray: RayConfig = field(default_factory=RayConfig)
     """With ``backend: ray``: ``ray.address`` (None: a Ray started on this machine)."""
     seed: int = 100_000

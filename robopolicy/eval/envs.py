@@ -306,15 +306,9 @@ def make_vector_env(make_one: Callable[[], gymnasium.Env], num_envs: int, autore
     return gymnasium.vector.AsyncVectorEnv(fns, context="spawn", shared_memory=False, autoreset_mode=mode, copy=copy)
 
 
-def make_eval_vector_env(spec: EvalEnvSpec, num_envs: int, backend: str = "local",
-                         ray: Any = None) -> gymnasium.vector.VectorEnv:
+def make_eval_vector_env(spec: EvalEnvSpec, num_envs: int) -> gymnasium.vector.VectorEnv:
     """``num_envs`` evaluation envs; :class:`EvalEpisode` reports episode ends in ``info``, and
-    the evaluation resets each env itself with the seed it wants. ``backend="ray"``: each env in a
-    Ray actor (:class:`robopolicy.scale.ray_backend.RayVectorEnv`; ``ray``: its ``RayConfig``)."""
-    if backend == "ray":
-        from robopolicy.scale.ray_backend import RayVectorEnv
-
-        return RayVectorEnv(partial(make_eval_env, spec), num_envs, ray)
+    the evaluation resets each env itself with the seed it wants."""
     return make_vector_env(partial(make_eval_env, spec), num_envs, autoreset=False, copy=False)
 
 

@@ -9,9 +9,8 @@ W envs step together (autoreset off). Each env runs one episode at a time; episo
 env finishes, it takes the next seed at once if the actor resets one batch row at a time;
 otherwise the envs run in waves and the whole actor is reset between them. A finished env with no
 episode left is parked (it returns its last observation) while the others run on. The actor
-always sees the full batch of W observations. A row whose env worker died (a Ray vector env
-flags it in ``info``) runs its episode again from the same seed; so does the rest of its wave when
-the actor cannot reset one row.
+always sees the full batch of W observations. (With ``backend: ray`` each Ray worker runs this
+loop over one env, one seed per call: :func:`robopolicy.eval.rollout.episode_on_worker`.)
 """
 
 from __future__ import annotations
@@ -26,10 +25,6 @@ import numpy as np
 
 from robopolicy.envs import EnvConfig
 from robopolicy.eval.envs import EPISODE_INFO, SUCCESS_KEYS, EvalEnvSpec, make_eval_vector_env
-
-RERUN_INFO = "_rerun"
-"""Info key of a vector env whose rows can be replaced (``robopolicy.scale.ray_backend``): the
-rows whose env died and was replaced during the step; their episodes start again from their seed."""
 from sim_envs.person_follow.metrics import summarize_episodes
 
 
@@ -73,24 +68,17 @@ def run_episodes(envs, actor: Actor, seeds: Sequence[int], per_row_reset: bool =
         active = np.flatnonzero(row_episode >= 0)
         obs, _reward, _term, _trunc, infos = envs.step(actor.act(obs, active))
         env_steps += len(active)
-        rerun = infos.get(RERUN_INFO)
-        replaced = [] if rerun is None else [int(r) for r in np.flatnonzero(rerun)]
         done_mask = infos.get(f"_{EPISODE_INFO}")
-        if not replaced and (done_mask is None or not np.any(done_mask)):
+        if done_mask is None or not np.any(done_mask):
             continue
-        finished = [] if done_mask is None else [int(r) for r in np.flatnonzero(done_mask)
-                                                 if row_episode[r] >= 0 and r not in replaced]
+        finished = [int(r) for r in np.flatnonzero(done_mask) if row_episode[r] >= 0]
         for r in finished:
             records[row_episode[r]] = json.loads(infos[EPISODE_INFO][r])
             row_episode[r] = -1
         if on_finish is not None and finished:
             on_finish(len(finished))
-        if replaced:  # their episodes (the whole wave's without per-row resets) start again
-            again = replaced if per_row_reset else [int(r) for r in np.flatnonzero(row_episode >= 0)]
-            pending.extendleft(sorted((int(row_episode[r]) for r in again if row_episode[r] >= 0), reverse=True))
-            row_episode[again] = -1
         if per_row_reset:
-            obs = start(sorted(finished + replaced), obs)
+            obs = start(finished, obs)
         elif (row_episode < 0).all():
             obs = start(list(range(width)), obs)
     return [r for r in records if r is not None], env_steps

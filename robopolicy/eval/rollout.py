@@ -9,11 +9,17 @@ evaluation loop (:func:`robopolicy.eval.episodes.run_episodes`); the policy's ch
 chunk executor (:class:`hardware.control.chunking.ChunkExecutor`). Constructor arguments the
 evaluation adds (``image_size``, ``render_size``, ``use_cameras``, ``env_state``) are passed only
 to an env whose constructor takes them, so any gymnasium env can be evaluated.
+
+With ``backend: ray`` each Ray worker holds a copy of the policy and runs whole episodes
+(:func:`episode_on_worker`: the policy, its own chunk executor and one env), one seed per call, as
+one row of the local vector env runs them; only the episode summaries come back. A worker that
+dies is replaced and its episode runs again from its seed (counted in ``reruns``).
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,12 +29,11 @@ from hardware.control.chunking import ChunkExecutor
 from robopolicy.config import ConfigError
 from robopolicy.envs import EnvConfig, resolve_env_id
 from robopolicy.eval.config import EvalConfig
-from robopolicy.eval.envs import EvalEnvSpec, accepts_kwarg, make_eval_vector_env
+from robopolicy.eval.envs import EvalEnvSpec, accepts_kwarg, make_eval_env, make_eval_vector_env, make_vector_env
 from robopolicy.eval.episodes import run_episodes, unreported_success
 from robopolicy.eval.policy_runner import PolicyActor, PolicyRunner
 from robopolicy.eval.report import EvalReport, SplitResult, summarize_split
 from robopolicy.utils.records import write_summary
-
 
 
 def waypoint_count(policy: Any, default: int = 8) -> int:
@@ -118,8 +123,70 @@ def _check_prediction(pred: np.ndarray, action_shape: tuple[int, ...], kind: str
                          f"{action_shape} (wrong checkpoint for this env? or set mapping.action_scale)")
 
 
-def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Callable[[str], None] = print) -> SplitResult:
-    """Evaluate ``cfg.episodes`` seeded episodes of one split; see the module docstring."""
+def _checked_first(runner: PolicyRunner, action_shape: tuple[int, ...], label: str) -> Callable[[Any], np.ndarray]:
+    """The first prediction of an episode batch, with what the policy returns checked against the env."""
+
+    def first_prediction(obs: Any) -> np.ndarray:
+        try:
+            pred = runner.predict(obs)
+        except (ValueError, KeyError) as exc:
+            raise ValueError(f"the policy cannot act in {label} (observation keys "
+                             f"{sorted(k for k in obs if k != 'task')}): {exc}") from exc
+        _check_prediction(pred, action_shape, runner.kind, label)
+        return pred
+
+    return first_prediction
+
+
+def _executor(cfg: EvalConfig, kind: str, width: int) -> ChunkExecutor:
+    return ChunkExecutor(cfg.chunk.mode, cfg.chunk.steps_per_chunk, cfg.chunk.ensemble_coeff,
+                         cfg.chunk.crossfade_steps, kind=kind, n_envs=width)
+
+
+def episode_on_worker(worker: Any, job: tuple) -> dict:
+    """One evaluation episode in a Ray rollout worker (:class:`robopolicy.scale.ray_backend.RolloutWorker`):
+    the worker's policy through its own chunk executor on its env of the split (built once per
+    split), as one row of the local vector env runs it. ``job``: ``(spec, cfg, every_step, label,
+    seed)``. Returns the episode summary, its env steps, the policy's calls and seconds, the env's fps."""
+    spec, cfg, every_step, label, seed = job
+    envs = worker.keep(spec, lambda: make_vector_env(partial(make_eval_env, spec), 1))
+    runner = PolicyRunner(worker.policy)
+    first = _checked_first(runner, tuple(envs.single_action_space.shape), label)
+    actor = PolicyActor(runner, _executor(cfg, runner.kind, 1), every_step, first=first)
+    records, steps = run_episodes(envs, actor, [seed], runner.per_row_reset)
+    return {"episode": records[0], "env_steps": steps, "calls": runner.calls, "seconds": runner.seconds,
+            "fps": float(envs.metadata.get("render_fps") or 0) or None}
+
+
+def _run_local(runner: PolicyRunner, cfg: EvalConfig, spec: EvalEnvSpec, width: int, every_step: bool, label: str,
+               seeds: list[int], bar: Any) -> tuple[list[dict], int, float | None]:
+    """The split's episodes on a local vector env of ``width`` rows; (episodes, env steps, fps)."""
+    envs = make_eval_vector_env(spec, width)
+    try:
+        first = _checked_first(runner, tuple(envs.single_action_space.shape), label)
+        actor = PolicyActor(runner, _executor(cfg, runner.kind, width), every_step, first=first)
+        episodes, env_steps = run_episodes(envs, actor, seeds, runner.per_row_reset, on_finish=bar.update)
+        return episodes, env_steps, float(envs.metadata.get("render_fps") or 0) or None
+    finally:
+        envs.close()
+
+
+def _run_on_ray(pool: Any, runner: PolicyRunner, cfg: EvalConfig, spec: EvalEnvSpec, every_step: bool, label: str,
+                seeds: list[int], bar: Any) -> tuple[list[dict], int, float | None]:
+    """The split's episodes on the Ray workers of ``pool``, one seed per call; (episodes, env steps, fps).
+    The workers' policy calls and seconds are added to ``runner``'s."""
+    results = pool.map(episode_on_worker, [(spec, cfg, every_step, label, s) for s in seeds],
+                       on_result=lambda i, r: bar.update(1))
+    runner.calls += sum(r["calls"] for r in results)
+    runner.seconds += sum(r["seconds"] for r in results)
+    fps = results[0]["fps"] if results else None
+    return [r["episode"] for r in results], sum(r["env_steps"] for r in results), fps
+
+
+def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Callable[[str], None] = print,
+              pool: Any = None) -> SplitResult:
+    """Evaluate ``cfg.episodes`` seeded episodes of one split; see the module docstring. ``pool``: the
+    Ray workers (:class:`robopolicy.scale.ray_backend.RolloutPool`) with ``backend: ray``."""
     from tqdm import tqdm
 
     env_cfg = split_env_config(cfg, split, runner.policy)
@@ -132,37 +199,21 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
     spec = EvalEnvSpec(env=env_cfg, mapping=cfg.mapping_for_policy(), waypoints=_follower_waypoints(cfg, runner),
                        videos=videos, max_steps=cfg.max_steps, success_rule=cfg.success,
                        oracle=bool(getattr(runner.policy, "drives_with_oracle", False)))
-    width = min(cfg.workers, n)
     every_step = cfg.chunk.predict_every_step
     if every_step is None:  # a policy with temporal context must see every frame
         every_step = runner.has_context and not runner.can_observe
     if runner.kind == "waypoints" and cfg.chunk.mode != "chunk":
         raise ConfigError(f"chunk.mode={cfg.chunk.mode} applies to action chunks; a waypoint policy needs chunk.mode=chunk")
-    executor = ChunkExecutor(cfg.chunk.mode, cfg.chunk.steps_per_chunk, cfg.chunk.ensemble_coeff,
-                             cfg.chunk.crossfade_steps, kind=runner.kind, n_envs=width)
 
     t0 = time.perf_counter()
     calls0, secs0 = runner.calls, runner.seconds
-    envs = make_eval_vector_env(spec, width, cfg.backend, cfg.ray)
-    try:
-        action_shape = tuple(envs.single_action_space.shape)
-
-        def first_prediction(obs: Any) -> np.ndarray:
-            try:
-                pred = runner.predict(obs)
-            except (ValueError, KeyError) as exc:
-                raise ValueError(f"the policy cannot act in {label} (observation keys "
-                                 f"{sorted(k for k in obs if k != 'task')}): {exc}") from exc
-            _check_prediction(pred, action_shape, runner.kind, label)
-            return pred
-
-        actor = PolicyActor(runner, executor, every_step, first=first_prediction)
-        with tqdm(total=n, unit="ep", desc=label, disable=not cfg.progress, dynamic_ncols=True, leave=False) as bar:
-            episodes, env_steps = run_episodes(envs, actor, seeds, runner.per_row_reset, on_finish=bar.update)
-        fps = float(envs.metadata.get("render_fps") or 0) or None
-        reruns = int(getattr(envs, "replaced", 0))
-    finally:
-        envs.close()
+    reruns0 = pool.stats.reruns if pool is not None else 0
+    with tqdm(total=n, unit="ep", desc=label, disable=not cfg.progress, dynamic_ncols=True, leave=False) as bar:
+        if pool is not None:
+            episodes, env_steps, fps = _run_on_ray(pool, runner, cfg, spec, every_step, label, seeds, bar)
+        else:
+            episodes, env_steps, fps = _run_local(runner, cfg, spec, min(cfg.workers, n), every_step, label, seeds, bar)
+    reruns = pool.stats.reruns - reruns0 if pool is not None else 0
     warning = unreported_success(episodes)
     if warning:
         log(f"[eval] WARNING {label}: {warning}; name the env's success key, or give an env that reports one")
@@ -192,7 +243,16 @@ def evaluate(policy: Any, cfg: EvalConfig, log: Callable[[str], None] = print, s
         torch.set_num_threads(cfg.threads)
     started = time.time()
     runner = PolicyRunner(policy)
-    splits = [run_split(runner, cfg, split, log) for split in cfg.split_list()]
+    pool = None
+    if cfg.backend == "ray":  # workers that hold the policy, for every split
+        from robopolicy.scale.ray_backend import RolloutPool
+
+        pool = RolloutPool(policy, min(cfg.workers, cfg.episodes), cfg.ray, cfg.threads)
+    try:
+        splits = [run_split(runner, cfg, split, log, pool) for split in cfg.split_list()]
+    finally:
+        if pool is not None:
+            pool.close()
     report = EvalReport(env_id=cfg.env.id, checkpoint=cfg.checkpoint, seed=cfg.seed, splits=splits, config=to_dict(cfg))
     if save:
         report.save(cfg.out)

@@ -60,7 +60,9 @@ from robopolicy.eval.envs import make_task_envs
 from robopolicy.eval.episodes import EvalResult, evaluate_success
 from robopolicy.models.policy import Policy, PolicyError
 from robopolicy.refine.common import Curve, RefineRunOptions
+from robopolicy.refine.ray_rollouts import dagger_rollout, rollout_pool
 from robopolicy.refine.summary import write_refine_summary
+from robopolicy.scale.ray_backend import RayConfig
 from sim_envs.wrappers import LABEL_FLAGS
 
 FILTERS = (*LABEL_FLAGS, "pre_failure", "unrecoverable")
@@ -76,6 +78,12 @@ class DAggerConfig(RefineRunOptions):
     steps_per_iteration: int = 2_000
     """Env steps collected per iteration (all envs together)."""
     num_envs: int = 2
+    backend: str = "local"
+    """Where the rollouts run: ``local`` (the envs in worker processes, the policy here) or ``ray``
+    (one Ray worker per env running the policy, its chunk executor and the env, the weights pushed
+    each iteration; ``robopolicy[scale]``). The same seed gives the same episodes either way."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """With ``backend: ray``: ``ray.address`` (None: a Ray started on this machine)."""
     beta0: float = 0.5
     """Probability that the oracle's action executes in iteration 0 (per step)..."""
     beta_decay: float = 0.5
@@ -150,6 +158,8 @@ class DAggerConfig(RefineRunOptions):
             raise ValueError(f"dagger.chunk_labels: {self.chunk_labels!r} is not 'along' or 'oracle'")
         if self.learner not in LEARNERS:
             raise ValueError(f"dagger.learner: {self.learner!r} is not one of {list(LEARNERS)}")
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"dagger.backend: {self.backend!r} is not 'local' or 'ray'")
 
 
 LEARNERS = ("auto", "policy", "locator")
@@ -185,10 +195,12 @@ def policy_actor(policy, steps_per_chunk: int | None, waypoints: bool):
 
 
 def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, waypoints: int | None,
-            scene_label: str | None = None, teacher=None, horizon: int | None = None):
+            scene_label: str | None = None, teacher=None, horizon: int | None = None, ends: list | None = None):
     """Roll out the beta-mixture for ``steps_per_iteration`` steps; returns the visited frames with
     oracle labels and filter flags (episodes in progress at the end are kept, unflagged), and with
-    ``scene_label``'s value from the env's info under ``"scene"``.
+    ``scene_label``'s value from the env's info under ``"scene"``. ``ends``, when given, gets
+    (vector steps, frames so far) as each episode's frames are added (to merge the rows of Ray
+    workers: :mod:`robopolicy.refine.ray_rollouts`).
 
     ``teacher``: labels from a policy that reads the privileged scene state instead of the env's
     oracle (:class:`robopolicy.refine.distill.PolicyTeacher`; the envs then add that state to the
@@ -248,6 +260,8 @@ def collect(policy, cfg: DAggerConfig, beta: float, rng: np.random.Generator, wa
                                                    and final["unrecoverable"][i][probe - n_ep + j] > 0)
                         fr["rescue"] = bool(probe and failed and j >= n_ep - probe and not fr["unrecoverable"])
                     frames += _with_chunks(episodes[i])
+                    if ends is not None:
+                        ends.append((steps // n, len(frames)))
                     episodes[i] = []
                 reset([int(i) for i in np.flatnonzero(done)])
     finally:
@@ -443,12 +457,14 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     data: list[dict] = []
     env_steps, counterfactual, dropped, flagged = 0, 0, 0, dict.fromkeys(WEIGHTED, 0)
     seconds = dict.fromkeys(("rollout", "finetune", "eval"), 0.0)  # wall clock by phase, iterations only
+    pool = rollout_pool(cfg, policy)  # Ray workers holding the policy (backend: ray), else None
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
         beta = cfg.beta0 * cfg.beta_decay**it
         bar.set_description(f"iteration {it}: rolling out")
         t = time.perf_counter()
-        frames = collect(policy, cfg, beta, rng, waypoints, scene_label)
+        frames = (collect(policy, cfg, beta, rng, waypoints, scene_label) if pool is None
+                  else dagger_rollout(pool, policy, cfg, beta, rng, waypoints, scene_label))
         seconds["rollout"] += time.perf_counter() - t
         env_steps += len(frames)
         counterfactual += sum(len(f["chunk"]) - 1 for f in frames if f.get("chunk") is not None)
@@ -478,6 +494,8 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
             f"{seconds['rollout']:.0f} s, fine-tuning {seconds['finetune']:.0f} s, evaluations {seconds['eval']:.0f} s)")
         bar.refresh()
     bar.close()
+    if pool is not None:
+        pool.close()
     policy.save(out / "final")
     summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},
@@ -485,7 +503,7 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
                "dropped_states": dropped, "kept_states": env_steps - dropped, "flagged_states": flagged,
                "rescue_states": sum(bool(f.get("rescue")) for f in data), "weights": dict(cfg.weights),
                "weighted_states": {k: sum(has_flag(f, k) for f in data) for k in cfg.weights},
-               "aggregate_states": len(data),
+               "aggregate_states": len(data), "rollout_reruns": pool.stats.reruns if pool is not None else 0,
                "filter": list(cfg.filter), "learner": "locator" if scene_label else "policy",
                **curve.best_summary(above=before.success),
                "seconds": time.perf_counter() - t0, "seconds_by_phase": seconds, "device": str(device),

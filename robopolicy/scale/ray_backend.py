@@ -2,15 +2,22 @@
 
     ray: {address: null}          # null: a Ray started on this machine; "auto" or "ray://head:10001": a cluster
 
-- Evaluation: :class:`RayVectorEnv` is a gymnasium vector env whose rows are Ray actors, each
-  holding one env. The evaluation loop (:func:`robopolicy.eval.episodes.run_episodes`) and the
-  batched policy stay in this process, so the same seeds give the same episodes as the local
-  ``AsyncVectorEnv``. An actor that dies is replaced by a fresh one; the step reports the row in
-  ``infos["_rerun"]`` and the loop runs that row's episode again from its seed.
-- Collection: :func:`run_pool` hands whole episodes (one seed each) to a pool of actors and
-  replaces an actor that dies, its episode handed to the new one. The actors stage episodes under
-  the dataset's staging folder and the driver alone commits them, so an episode is never written
-  twice; on a cluster the dataset folder must be on storage every node sees.
+Each Ray call carries a whole episode, never one env step: a worker runs the policy, the chunk
+executor and the env in its own process, and returns only the episode's results.
+
+- :class:`RolloutWorker` is one actor: the policy, shipped once through Ray's object store when the
+  actor starts (new weights pushed with :meth:`RolloutPool.push`), and the env it built last.
+- :class:`RolloutPool` runs ``fn(worker, item)`` for a list of items on ``workers`` actors, each
+  item on whichever actor is free, and gives the results in item order. An actor that dies is
+  replaced by a new one (the policy and the last pushed weights again) and its item runs again
+  from the start; ``stats`` counts both. An item's result reaches the caller once, from the run
+  that finished.
+- Evaluation (:func:`robopolicy.eval.rollout.episode_on_worker`): one item per episode seed.
+- Refinement rollouts (DAgger, HG-DAgger): one item per env row, that row's whole rollout of an
+  iteration; the pool lives across iterations and gets the fine-tuned weights before each.
+- Collection: :func:`collect_on_ray` hands seeds to :class:`CollectActor` s (oracle episodes,
+  staged under the dataset's staging folder); the driver alone commits them, so an episode is
+  never written twice. On a cluster the dataset folder must be on storage every node sees.
 
 Ray is an optional dependency (``pip install robopolicy[scale]``); nothing here imports it at
 module level.
@@ -21,13 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-import gymnasium
-import numpy as np
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
-
-RERUN_INFO = "_rerun"
-"""Vector-env info key: a ``(W,)`` bool mask of the rows whose env was replaced during the step."""
-
 
 @dataclass
 class RayConfig:
@@ -37,7 +37,7 @@ class RayConfig:
     """None: start Ray on this machine (``ray.init()``); ``auto``: the cluster this machine joined
     with ``ray start``; ``ray://<head>:10001``: a remote cluster through Ray Client."""
     num_cpus_per_worker: float = 1.0
-    """CPUs each env actor reserves (Ray schedules actors by it)."""
+    """CPUs each worker actor reserves (Ray schedules actors by it)."""
 
 
 def require_ray():
@@ -63,170 +63,33 @@ def _is_dead_actor(exc: BaseException) -> bool:
     return isinstance(exc, (ActorDiedError, ActorUnavailableError, RayActorError))
 
 
-class EnvActor:
-    """One env in a Ray actor: reset and step answer exactly as the env does (made by ``make_one``)."""
-
-    def __init__(self, make_one: Callable[[], gymnasium.Env]):
-        import os
-
-        os.environ.setdefault("MUJOCO_GL", "egl")
-        self.env = make_one()
-
-    def spaces(self) -> tuple[Any, Any, dict]:
-        return self.env.observation_space, self.env.action_space, dict(self.env.metadata)
-
-    def reset(self, seed: int | None, options: dict | None):
-        return self.env.reset(seed=seed, options=options)
-
-    def step(self, action):
-        return self.env.step(action)
-
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
-
-    def close(self) -> None:
-        self.env.close()
-
-
-class RayVectorEnv(gymnasium.vector.VectorEnv):
-    """``num_envs`` envs from ``make_one`` (a picklable callable), each in a Ray actor; no autoreset
-    (the caller resets finished rows with the seeds it wants, as the evaluation does).
-
-    A row whose actor dies during ``reset`` or ``step`` gets a new actor, reset with the seed that
-    row last started from; the step returns its fresh first observation and flags the row in
-    ``infos["_rerun"]`` (:data:`RERUN_INFO`). ``replaced`` counts the actors replaced so far.
-    """
-
-    def __init__(self, make_one: Callable[[], gymnasium.Env], num_envs: int, ray_cfg: RayConfig | None = None):
-        self.ray = init_ray(ray_cfg or RayConfig())
-        self.ray_cfg = ray_cfg or RayConfig()
-        self.make_one, self.num_envs = make_one, int(num_envs)
-        self._remote = self.ray.remote(num_cpus=self.ray_cfg.num_cpus_per_worker, max_restarts=0)(EnvActor)
-        self.actors = [self._remote.remote(make_one) for _ in range(self.num_envs)]
-        obs_space, act_space, metadata = self.ray.get(self.actors[0].spaces.remote())
-        self.single_observation_space, self.single_action_space = obs_space, act_space
-        self.observation_space = batch_space(obs_space, self.num_envs)
-        self.action_space = batch_space(act_space, self.num_envs)
-        self.metadata = {**metadata, "autoreset_mode": gymnasium.vector.AutoresetMode.DISABLED}
-        self._obs = [None] * self.num_envs
-        self._seeds: list[int | None] = [None] * self.num_envs
-        self._buffer = create_empty_array(obs_space, n=self.num_envs, fn=np.zeros)
-        self.replaced = 0
-
-    # ------------------------------------------------------------------ rows
-    def _replace(self, row: int) -> None:
-        try:
-            self.ray.kill(self.actors[row], no_restart=True)
-        except Exception:  # noqa: BLE001 - it is gone already
-            pass
-        self.actors[row] = self._remote.remote(self.make_one)
-        self.replaced += 1
-
-    def _restart(self, row: int, options: dict | None) -> tuple[Any, dict]:
-        """A new actor for ``row``, reset with the row's seed (retried while actors keep dying)."""
-        while True:
-            self._replace(row)
-            try:
-                return self.ray.get(self.actors[row].reset.remote(self._seeds[row], options))
-            except Exception as exc:  # noqa: BLE001
-                if not _is_dead_actor(exc):
-                    raise
-
-    def _batch(self) -> Any:
-        self._buffer = concatenate(self.single_observation_space, self._obs, self._buffer)
-        return self._buffer
-
-    # ------------------------------------------------------------------ gymnasium
-    def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict | None = None):
-        options = dict(options or {})
-        mask = options.pop("reset_mask", None)
-        rows = range(self.num_envs) if mask is None else [int(r) for r in np.flatnonzero(mask)]
-        if seed is None or isinstance(seed, int):
-            seed = [None if seed is None else seed + i for i in range(self.num_envs)]
-        futures = {}
-        for r in rows:
-            self._seeds[r] = seed[r]
-            futures[r] = self.actors[r].reset.remote(seed[r], options or None)
-        infos: dict = {}
-        for r, fut in futures.items():
-            try:
-                self._obs[r], info = self.ray.get(fut)
-            except Exception as exc:  # noqa: BLE001
-                if not _is_dead_actor(exc):
-                    raise
-                self._obs[r], info = self._restart(r, options or None)
-            infos = self._add_info(infos, info, r)
-        return self._batch(), infos
-
-    def step(self, actions):
-        futures = [actor.step.remote(a) for actor, a in zip(self.actors, iterate(self.action_space, actions))]
-        rewards = np.zeros(self.num_envs)
-        terminated = np.zeros(self.num_envs, dtype=bool)
-        truncated = np.zeros(self.num_envs, dtype=bool)
-        rerun = np.zeros(self.num_envs, dtype=bool)
-        infos: dict = {}
-        try:  # one wait for all rows; row by row only when one of them failed
-            results = self.ray.get(futures)
-        except Exception:  # noqa: BLE001
-            results = None
-        for r, fut in enumerate(futures):
-            try:
-                out = results[r] if results is not None else self.ray.get(fut)
-                self._obs[r], rewards[r], terminated[r], truncated[r], info = out
-            except Exception as exc:  # noqa: BLE001
-                if not _is_dead_actor(exc):
-                    raise
-                self._obs[r], _ = self._restart(r, None)
-                rerun[r], info = True, {}
-            infos = self._add_info(infos, info, r)
-        if rerun.any():
-            infos[RERUN_INFO] = rerun
-        return self._batch(), rewards, terminated, truncated, infos
-
-    def close_extras(self, **kwargs) -> None:
-        for actor in self.actors:
-            try:
-                self.ray.get(actor.close.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - closing what may have died
-                pass
-            self.ray.kill(actor)
-        self.actors = []
-
-
-# ---------------------------------------------------------------------------- whole-episode pools
-
-
 @dataclass
 class PoolStats:
-    """What a pool run did beside its results: actors replaced after dying, items run again."""
+    """What a pool did beside its results: actors replaced after dying, items run again."""
 
     replaced: int = 0
     reruns: int = 0
 
 
-def run_pool(make_actor: Callable[[], Any], call: Callable[[Any, Any], Any], items: Iterable[Any], workers: int,
-             on_result: Callable[[Any, Any], None], on_lost: Callable[[Any], None] | None = None,
-             on_error: Callable[[Any, BaseException], None] | None = None, max_reruns: int = 3) -> PoolStats:
-    """Run ``call(actor, item) -> ObjectRef`` for every item on ``workers`` actors from ``make_actor``;
-    ``on_result(item, value)`` as each finishes (in this process, one at a time). An actor that
-    dies is replaced and its item run again on the new one, after ``on_lost(item)`` (clean up what
-    the dead actor left); an item whose actors die more than ``max_reruns`` times raises. An item
-    that fails by raising goes to ``on_error(item, exc)`` when given (else it raises here)."""
+def _drive(idle: list, make_actor: Callable[[], Any], call: Callable[[Any, Any], Any], items: Sequence[Any],
+           on_result: Callable[[int, Any], None], stats: PoolStats, on_lost: Callable[[Any], None] | None = None,
+           on_error: Callable[[Any, BaseException], None] | None = None, max_reruns: int = 3) -> list:
+    """Run ``call(actor, item) -> ObjectRef`` for every item on the ``idle`` actors; ``on_result(i,
+    value)`` as item ``i`` finishes. A dead actor is replaced by ``make_actor()`` and its item run
+    again after ``on_lost(item)``; an item whose actors die more than ``max_reruns`` times raises.
+    An item that raises goes to ``on_error(item, exc)`` when given, else raises here. Returns the
+    actors (the replacements included); on an exception, the actors still running are killed."""
     ray = require_ray()
-    todo = list(items)[::-1]
-    stats = PoolStats()
-    tries: dict[Any, int] = {}
-    running: dict[Any, tuple[Any, Any]] = {}  # ObjectRef -> (actor, item)
-    idle = [make_actor() for _ in range(min(workers, len(todo)))]
+    todo = list(range(len(items)))[::-1]
+    tries: dict[int, int] = {}
+    running: dict[Any, tuple[Any, int]] = {}  # ObjectRef -> (actor, item index)
     try:
         while todo or running:
             while idle and todo:
-                actor, item = idle.pop(), todo.pop()
-                running[call(actor, item)] = (actor, item)
+                actor, i = idle.pop(), todo.pop()
+                running[call(actor, items[i])] = (actor, i)
             done, _ = ray.wait(list(running), num_returns=1)
-            actor, item = running.pop(done[0])
+            actor, i = running.pop(done[0])
             try:
                 value = ray.get(done[0])
             except Exception as exc:  # noqa: BLE001
@@ -234,24 +97,161 @@ def run_pool(make_actor: Callable[[], Any], call: Callable[[Any, Any], Any], ite
                     if on_error is None:
                         raise
                     idle.append(actor)
-                    on_error(item, exc)
+                    on_error(items[i], exc)
                     continue
                 stats.replaced += 1
                 stats.reruns += 1
-                tries[item] = tries.get(item, 0) + 1
-                if tries[item] > max_reruns:
-                    raise RuntimeError(f"{item!r}: its worker died {tries[item]} times") from exc
+                tries[i] = tries.get(i, 0) + 1
+                if tries[i] > max_reruns:
+                    raise RuntimeError(f"{items[i]!r}: its worker died {tries[i]} times") from exc
                 if on_lost is not None:
-                    on_lost(item)
+                    on_lost(items[i])
                 idle.append(make_actor())
-                todo.append(item)
+                todo.append(i)
                 continue
             idle.append(actor)
-            on_result(item, value)
+            on_result(i, value)
+    except BaseException:
+        for actor, _ in running.values():
+            ray.kill(actor)
+        raise
+    return idle
+
+
+def run_pool(make_actor: Callable[[], Any], call: Callable[[Any, Any], Any], items: Iterable[Any], workers: int,
+             on_result: Callable[[Any, Any], None], on_lost: Callable[[Any], None] | None = None,
+             on_error: Callable[[Any, BaseException], None] | None = None, max_reruns: int = 3) -> PoolStats:
+    """Run ``call(actor, item) -> ObjectRef`` for every item on ``workers`` actors from ``make_actor``,
+    made for this run and killed after it; ``on_result(item, value)`` as each finishes (in this
+    process, one at a time). See :func:`_drive` for dead actors and failing items."""
+    ray = require_ray()
+    items = list(items)
+    stats = PoolStats()
+    idle = [make_actor() for _ in range(min(workers, len(items)))]
+    try:
+        idle = _drive(idle, make_actor, call, items, lambda i, value: on_result(items[i], value), stats,
+                      on_lost, on_error, max_reruns)
     finally:
-        for actor in idle + [a for a, _ in running.values()]:
+        for actor in idle:
             ray.kill(actor)
     return stats
+
+
+# ---------------------------------------------------------------------------- policy rollouts
+
+
+class RolloutWorker:
+    """One rollout worker in a Ray actor: a policy (sent once, when the actor starts), weights
+    pushed later, and one object kept between calls (the env it built last, :meth:`keep`)."""
+
+    def __init__(self, policy: Any, threads: int = 1):
+        import os
+
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        import torch
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.policy = policy
+        self._kept: tuple[Any, Any] | None = None
+
+    def set_weights(self, state: dict) -> None:
+        """Load pushed weights into the policy (a ``state_dict``, tensors on the CPU)."""
+        self.policy.load_state_dict(state)
+
+    def keep(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``'s object for ``key`` (compared with ``==``), built on first use and kept for the
+        next call with the same key; an object kept for another key is closed first."""
+        if self._kept is not None and self._kept[0] == key:
+            return self._kept[1]
+        self.close()
+        self._kept = (key, make())
+        return self._kept[1]
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(self, *args)`` (``fn`` an importable function: it travels by name)."""
+        return fn(self, *args)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def close(self) -> None:
+        if self._kept is not None and hasattr(self._kept[1], "close"):
+            self._kept[1].close()
+        self._kept = None
+
+
+class RolloutPool:
+    """``workers`` :class:`RolloutWorker` actors, each holding ``policy`` (pickled once into Ray's
+    object store, unpickled once per actor). ``map(fn, items)`` runs ``fn(worker, item)`` for every
+    item and returns the results in item order; ``push(policy)`` sends new weights to every actor
+    (and to any that replaces a dead one). ``stats``: actors replaced and items run again so far.
+
+    Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, policy: Any, workers: int, ray_cfg: RayConfig | None = None, threads: int = 1):
+        self.ray_cfg = ray_cfg or RayConfig()
+        self.ray = init_ray(self.ray_cfg)
+        self._remote = self.ray.remote(num_cpus=self.ray_cfg.num_cpus_per_worker, max_restarts=0)(RolloutWorker)
+        self._policy = self.ray.put(policy)
+        self._weights = None
+        self.threads = int(threads)
+        self.stats = PoolStats()
+        self._idle = [self._new() for _ in range(max(1, int(workers)))]
+
+    def _new(self):
+        actor = self._remote.remote(self._policy, self.threads)
+        if self._weights is not None:
+            actor.set_weights.remote(self._weights)  # an actor runs its calls in order
+        return actor
+
+    def push(self, policy: Any) -> None:
+        """Send ``policy``'s current weights to every actor (before the next :meth:`map`)."""
+        state = {k: v.detach().cpu() for k, v in policy.state_dict().items()}
+        self._weights = self.ray.put(state)
+        pending = [(a, a.set_weights.remote(self._weights)) for a in self._idle]
+        for i, (actor, ref) in enumerate(pending):
+            try:
+                self.ray.get(ref)
+            except Exception as exc:  # noqa: BLE001
+                if not _is_dead_actor(exc):
+                    raise
+                self._idle[i] = self._new()
+                self.stats.replaced += 1
+
+    def map(self, fn: Callable[..., Any], items: Sequence[Any], on_result: Callable[[int, Any], None] | None = None,
+            max_reruns: int = 3) -> list:
+        """``[fn(worker, item) for item in items]``, run on the actors; ``on_result(i, value)`` as item
+        ``i`` finishes. A dead actor's item runs again on a new actor (counted in ``stats``)."""
+        items = list(items)
+        results: list = [None] * len(items)
+
+        def done(i: int, value: Any) -> None:
+            results[i] = value
+            if on_result is not None:
+                on_result(i, value)
+
+        # _drive works on self._idle in place: after an error it still holds the actors left idle
+        _drive(self._idle, self._new, lambda actor, item: actor.run.remote(fn, item), items, done, self.stats,
+               max_reruns=max_reruns)
+        return results
+
+    def close(self) -> None:
+        for actor in self._idle:
+            try:
+                self.ray.get(actor.close.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - closing what may have died
+                pass
+            self.ray.kill(actor)
+        self._idle = []
+
+    def __enter__(self) -> "RolloutPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 # ---------------------------------------------------------------------------- collection

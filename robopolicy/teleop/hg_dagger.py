@@ -31,6 +31,7 @@ from hardware.teleop.sim_operator import SimOperator
 from robopolicy.eval.envs import make_task_envs
 from robopolicy.refine import dagger
 from robopolicy.refine.common import Curve
+from robopolicy.refine.ray_rollouts import hg_dagger_rollout, rollout_pool
 from robopolicy.refine.summary import write_refine_summary
 
 
@@ -55,9 +56,10 @@ class HGDAggerConfig(dagger.DAggerConfig):
             raise ValueError(f"hg-dagger.control_dt must be > 0, got {self.control_dt}")
 
 
-def collect(policy, cfg: HGDAggerConfig, rng: np.random.Generator) -> tuple[list[dict], dict]:
+def collect(policy, cfg: HGDAggerConfig, rng: np.random.Generator, ends: list | None = None) -> tuple[list[dict], dict]:
     """Roll out the policy under the operators for ``steps_per_iteration`` steps; returns the
-    intervention states (labelled, with DAgger's frame fields) and counts."""
+    intervention states (labelled, with DAgger's frame fields) and counts. ``ends``: as
+    :func:`robopolicy.refine.dagger.collect`'s."""
     act, reset = dagger.policy_actor(policy, cfg.steps_per_chunk, False)
     n = cfg.num_envs
     envs = make_task_envs(cfg.env, n, reward="dense", oracle=True, replan=cfg.replan)
@@ -87,6 +89,8 @@ def collect(policy, cfg: HGDAggerConfig, rng: np.random.Generator) -> tuple[list
             done = np.logical_or(term, trunc)
             for i in np.flatnonzero(done):
                 frames += interventions(episodes[i])
+                if ends is not None:
+                    ends.append((counts["env_steps"] // n, len(frames)))
                 episodes[i] = []
                 ops[i].reset_episode()
                 counts["episodes"] += 1
@@ -144,8 +148,9 @@ def train(cfg: HGDAggerConfig, policy=None, log: Callable[[str], None] = print) 
     original = dagger.original_dataset(cfg, trainee)
     data: list[dict] = []
     totals = {"env_steps": 0, "takeovers": 0, "lapses": 0, "episodes": 0, "labels": 0, "dropped": 0}
+    pool = rollout_pool(cfg, policy)  # Ray workers holding the policy (backend: ray), else None
     for it in range(cfg.iterations):
-        frames, counts = collect(policy, cfg, rng)
+        frames, counts = collect(policy, cfg, rng) if pool is None else hg_dagger_rollout(pool, policy, cfg, rng)
         kept = [f for f in frames if dagger.keep(f, cfg.filter)]
         for k in ("env_steps", "takeovers", "lapses", "episodes"):
             totals[k] += counts[k]
@@ -162,6 +167,8 @@ def train(cfg: HGDAggerConfig, policy=None, log: Callable[[str], None] = print) 
         log(f"[hg-dagger] iteration {it}: {counts['takeovers']} take-overs, labels {len(frames)} of "
             f"{counts['env_steps']} steps ({len(kept)} kept), aggregate {len(data)}, loss {loss:.4f}, "
             f"success {res.success:.1%} (gain {100 * (res.success - before.success):+.1f} pts)")
+    if pool is not None:
+        pool.close()
     policy.save(out / "final")
     after = curve.rows[-1]["success"]
     summary = {"before": before.success, "after": after, "gain_pts": 100 * (after - before.success),
@@ -169,6 +176,7 @@ def train(cfg: HGDAggerConfig, policy=None, log: Callable[[str], None] = print) 
                "label_fraction": totals["labels"] / max(1, totals["env_steps"]),
                "takeovers": totals["takeovers"], "lapses": totals["lapses"], "episodes": totals["episodes"],
                "dropped_states": totals["dropped"], "aggregate_states": len(data), "label": cfg.label,
+               "rollout_reruns": pool.stats.reruns if pool is not None else 0,
                "operator": dict(cfg.operator), **curve.best_summary(above=before.success),
                "seconds": time.perf_counter() - t0, "device": str(device), "checkpoint": str(out / "final")}
     log(f"[hg-dagger] labels {summary['labels']} ({summary['label_fraction']:.1%} of {summary['env_steps']} steps) | "
