@@ -188,3 +188,15 @@ def test_a_table_with_no_room_for_a_layout_is_a_counted_hard_reset(tmp_path, cap
     m = json.loads((out / "summary.json").read_text())["metrics"]
     assert code == 0 and (m["resets_attempted"], m["resets_succeeded"], m["hard_resets"]) == (2, 0, 2)
     assert m["reset_failures"] == {"no_room": 2} and len(reset_calls) == 3 and "no room" in text
+
+
+def test_an_existing_dataset_is_not_overwritten(tmp_path, capsys):
+    from robopolicy.cli import main
+
+    (tmp_path / "ds" / "meta").mkdir(parents=True)
+    (tmp_path / "ds" / "meta" / "info.json").write_text("{}")
+    code = main(["collect", "--unattended", "--env", "robopolicy/ArmPickPlace-v0", "--episodes", "1", "--out",
+                 str(tmp_path / "ds"), "env.kwargs.use_cameras=false"])
+    assert code == 1 and "a dataset already exists" in capsys.readouterr().out
+    code = main(["collect", "--unattended", "--env", "robopolicy/ArmReach-v0", "--out", str(tmp_path / "r")])
+    assert code == 2 and "needs an arm task with cubes" in capsys.readouterr().err

@@ -73,6 +73,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def _cmd_unattended(args: argparse.Namespace) -> int:
     from robopolicy.config import ConfigError
+    from robopolicy.data.recorder import DatasetError
     from robopolicy.teleop.unattended import UnattendedConfig, collect_unattended
 
     overrides = _overrides(args)
@@ -80,6 +81,10 @@ def _cmd_unattended(args: argparse.Namespace) -> int:
         if getattr(args, flag):
             raise ConfigError(f"collect --unattended: --{flag} does not apply (one world, one process, a new dataset)")
     cfg = load_config(UnattendedConfig, args.config, overrides)
-    stats = collect_unattended(cfg)
+    try:
+        stats = collect_unattended(cfg)
+    except DatasetError as exc:
+        print(f"robopolicy collect: {exc}")
+        return 1
     print(f"\ndataset: {cfg.out}\nrecord: {cfg.summary or cfg.out}/summary.json")
     return 0 if stats.episodes == cfg.episodes else 1

@@ -200,6 +200,7 @@ def _check(cfg: UnattendedConfig) -> None:
 
 def collect_unattended(cfg: UnattendedConfig, log: Callable[[str], None] = print) -> UnattendedStats:
     """Run the collection (see the module docstring); returns its stats, written to summary.json."""
+    from robopolicy.config import ConfigError
     from robopolicy.data import features as F
     from robopolicy.data.collect import env_config_with_size, quiet_encoders
     from robopolicy.data.recorder import EpisodeRecorder
@@ -210,6 +211,10 @@ def collect_unattended(cfg: UnattendedConfig, log: Callable[[str], None] = print
     quiet_encoders()
     env_cfg = env_config_with_size(cfg)
     env = make_env(env_cfg, render_mode=None)
+    if not getattr(env.unwrapped, "num_cubes", 0):
+        env.close()
+        raise ConfigError(f"env.id {env_cfg.id}: unattended collection needs an arm task with cubes for the arm to "
+                          f"rearrange (robopolicy/ArmPickPlace-v0, robopolicy/ArmPushCube-v0)")
     started, t0, load_start = time.time(), time.perf_counter(), os.getloadavg()
     stats = UnattendedStats()
     try:
