@@ -16,7 +16,7 @@ TINY = [
     "collect.episodes=2", "collect.workers=1", "collect.image_size=32", "collect.progress=false",
     "collect.env.kwargs.max_steps=60",  # (shorter PersonFollow episodes crash in scenario.py for now)
     "train.steps=3", "train.batch_size=8", "train.log_every=1", "train.progress=false",
-    "train.model.encoders=[{name: resnet18, image_size: 32, frozen: false}]", "train.model.d_model=16", "train.model.n_layers=1",
+    "train.model.d_model=16", "train.model.n_layers=1",  # the config's own encoder: frozen ImageNet Lite0
     "train.model.language.enabled=false",
     "eval.episodes=2", "eval.workers=1", "eval.videos=1", "eval.render_size=48", "eval.progress=false",
 ]
@@ -40,6 +40,7 @@ def test_quickstart_pipeline_end_to_end(tmp_path, capsys):
     assert saved["splits"]["stt"]["episodes"] == 2 == numbers["splits"]["stt"]["episodes"]
     assert 0.0 <= saved["splits"]["stt"]["tracking_rate"] <= 1.0
     assert saved["train"]["steps"] == 3
+    assert "frozen encoder features:" in printed and saved["timings_s"]["encode_s"] > 0  # cached, once
     files = saved["files"]
     for key in ("eval_table", "metrics_plot", "loss_plot"):
         assert files[key] and os.path.isfile(files[key]), key

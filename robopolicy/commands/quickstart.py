@@ -184,6 +184,9 @@ def run_quickstart(cfg: QuickstartConfig, log: Callable[[str], None] = print) ->
     cfg.train.overwrite = True
     result = train(cfg.train, log=log)
     timings["train_s"] = time.perf_counter() - t
+    timings["encode_s"] = result.feature_seconds  # part of train_s: the frozen encoders' cached features
+    if result.used_feature_cache:
+        log(f"    frozen encoder features: {result.feature_seconds:.0f} s (once per dataset and encoder)")
     log(f"    train done in {timings['train_s']:.0f} s ({result.samples_per_s:.0f} samples/s; loss "
         f"{result.first_losses.get('total', float('nan')):.3f} -> {result.last_losses.get('total', float('nan')):.3f})")
 
