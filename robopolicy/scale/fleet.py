@@ -55,7 +55,8 @@ class FleetConfig:
     eval_every: int = 4
     """Every ``eval_every``-th episode runs without the operator (the policy's own success); 0: none."""
     retrain_every: int = 100
-    """New intervention labels that start a training step (then a new version is published)."""
+    """New intervention labels that start a training step (then a new version is published); 0:
+    train back to back while there are labels."""
     operator: dict | None = field(default_factory=dict)
     """SimOperator settings (as ``refine --method hg-dagger``); null: no interventions, nothing to learn."""
     label: str = "operator"
@@ -81,9 +82,11 @@ class FleetConfig:
     out: str = "outputs/fleet/run"
 
     def __post_init__(self):
-        for key in ("actors", "episodes", "retrain_every", "queue", "window"):
+        for key in ("actors", "episodes", "queue", "window"):
             if int(getattr(self, key)) < 1:
                 raise ValueError(f"fleet.{key} must be >= 1, got {getattr(self, key)}")
+        if self.retrain_every < 0:
+            raise ValueError(f"fleet.retrain_every must be >= 0 (0: train back to back), got {self.retrain_every}")
         if self.eval_every < 0:
             raise ValueError(f"fleet.eval_every must be >= 0 (0: no evaluation episodes), got {self.eval_every}")
         if not self.base:
@@ -189,22 +192,16 @@ class EpisodeRunner:
 
 
 def start_learner(cfg: FleetConfig, share: Callable[[dict], Any], log: Callable[[str], None]) -> FleetLearner:
-    """The learner, holding the base (version 0) and the original data of the training step."""
-    import torch
-
+    """The learner, holding the base as version 0; its training process loads the original data."""
     from robopolicy.models.loading import load_policy
-    from robopolicy.refine import dagger
 
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(max(1, cfg.threads))
     hg = cfg.hg_dagger()
     policy = load_policy(cfg.base)
     if getattr(policy, "output", None) == "waypoints":
         raise ValueError("fleet: a waypoint policy cannot learn the operator's actions (use an action-chunk policy)")
-    original = dagger.original_dataset(hg, dagger.resolve_learner(policy, "policy")[0])
     out = Path(cfg.out)
-    learner = FleetLearner(policy, hg, out / "weights", cfg.dataset or out / "dataset", cfg.retrain_every,
-                           cfg.queue, original, share, cfg.resume, cfg.vcodec, log, cfg.seed)
+    learner = FleetLearner(policy, hg, out / "weights", cfg.dataset or out / "dataset", cfg.retrain_every, cfg.queue,
+                           share, cfg.resume, cfg.vcodec, log, cfg.seed, cfg.threads)
     return learner.start()
 
 

@@ -83,7 +83,7 @@ def report(cfg, learner, pool, actors_made: int, started: float, wall_s: float, 
     ingest_min = max(1e-9, rows[-1]["wall_s"] if rows else 0.0) / 60
     metrics: dict[str, Any] = {
         "episodes": st.episodes, "eval_episodes": sum(r["eval"] for r in rows), "frames": st.frames,
-        "labels": st.labels, "versions": learner.version, "train_steps": learner.train_steps,
+        "labels": st.labels, "aggregate_labels": learner.aggregate, "versions": learner.version, "train_steps": learner.train_steps,
         "train_s": round(learner.train_s, 2), "episodes_rerun": pool.reruns, "actors_replaced": pool.replaced,
         "actors_started": actors_made, "success_first": first, "success_last": last,
         "gain_pts": None if first is None else round(100 * (last - first), 1),
