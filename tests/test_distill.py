@@ -67,6 +67,7 @@ def test_distill_from_the_oracle_writes_a_camera_student_and_its_iterations(stud
     assert [r["env_steps"] for r in its] == [24, 48] and summary["env_steps"] == 48
     assert all(0.0 <= r["success"] <= 1.0 and r["seconds"] > 0 for r in its)
     assert summary["teacher"] == "oracle" and summary["after"] == its[-1]["success"]
+    assert summary["best"] == max(r["success"] for r in its) and (out / "best").is_dir()
     student = load_policy(out / "final")
     assert student.cameras == ["front", "wrist"] and student.config.env_state_dim == 0
     assert student.config.horizon == 4 and student.config.action_shape == [6]

@@ -241,7 +241,7 @@ def train(cfg: DistillConfig, log: Callable[[str], None] = print) -> dict:
     curve = Curve(out, "curve")
     t0, started = time.perf_counter(), time.time()
     seconds = dict.fromkeys(("rollout", "finetune", "eval"), 0.0)
-    data, rows, env_steps, student = [], [], 0, None
+    data, rows, env_steps, student, best = [], [], 0, None, {}
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
         longest = max((b["seconds"] - a["seconds"] for a, b in zip([{"seconds": 0.0}] + rows, rows)), default=0.0)
@@ -268,8 +268,9 @@ def train(cfg: DistillConfig, log: Callable[[str], None] = print) -> dict:
         res = evaluate(student, cfg)
         seconds["eval"] += time.perf_counter() - t
         curve.add(env_steps, res.success, **res.metrics)
-        if curve.is_best():
+        if not rows or res.success > max(r["success"] for r in rows):  # every iteration counts: no base row
             student.save(out / "best")
+            best = {"best": res.success, "best_env_steps": env_steps, "best_checkpoint": str(out / "best")}
         rows.append({"iteration": it, "beta": beta, "env_steps": env_steps, "aggregate_states": len(data),
                      "loss": loss, "success": res.success, "seconds": time.perf_counter() - t0})
         bar.clear()
@@ -280,7 +281,7 @@ def train(cfg: DistillConfig, log: Callable[[str], None] = print) -> dict:
     student.save(out / "final")
     summary = {"teacher": cfg.teacher, "student_config": cfg.student_config, "before": None,
                "after": rows[-1]["success"], "iterations": rows, "iterations_run": len(rows), "env_steps": env_steps,
-               **curve.best_summary(), "seconds": time.perf_counter() - t0, "seconds_by_phase": seconds,
+               **best, "seconds": time.perf_counter() - t0, "seconds_by_phase": seconds,
                "eval_env": dataclasses.asdict(cfg.eval_env or cfg.env), "checkpoint": str(out / "final")}
     write_refine_summary(cfg, summary, started)
     return summary
