@@ -30,6 +30,10 @@ class SplitResult:
     videos: list[str] = field(default_factory=list)
     reruns: int = 0
     """Episodes run again because their env worker died (``backend: ray``)."""
+    start_seconds: float = 0.0
+    """Of ``seconds``, the workers' start: env processes (local) or Ray workers loading the policy
+    and building their env (``backend: ray``); ``env_steps / (seconds - start_seconds)`` is the
+    rate once they run."""
 
     @property
     def steps_per_s(self) -> float:

@@ -159,28 +159,40 @@ def episode_on_worker(worker: Any, job: tuple) -> dict:
 
 
 def _run_local(runner: PolicyRunner, cfg: EvalConfig, spec: EvalEnvSpec, width: int, every_step: bool, label: str,
-               seeds: list[int], bar: Any) -> tuple[list[dict], int, float | None]:
-    """The split's episodes on a local vector env of ``width`` rows; (episodes, env steps, fps)."""
+               seeds: list[int], bar: Any) -> tuple[list[dict], int, float | None, float]:
+    """The split's episodes on a local vector env of ``width`` rows; (episodes, env steps, fps,
+    seconds the env processes took to start)."""
+    t0 = time.perf_counter()
     envs = make_eval_vector_env(spec, width)
+    start = time.perf_counter() - t0
     try:
         first = _checked_first(runner, tuple(envs.single_action_space.shape), label)
         actor = PolicyActor(runner, _executor(cfg, runner.kind, width), every_step, first=first)
         episodes, env_steps = run_episodes(envs, actor, seeds, runner.per_row_reset, on_finish=bar.update)
-        return episodes, env_steps, float(envs.metadata.get("render_fps") or 0) or None
+        return episodes, env_steps, float(envs.metadata.get("render_fps") or 0) or None, start
     finally:
         envs.close()
 
 
+def _env_on_worker(worker: Any, spec: EvalEnvSpec) -> None:
+    """Build (and keep) the worker's env of the split: its start, before the first episode."""
+    worker.keep(spec, lambda: make_vector_env(partial(make_eval_env, spec), 1))
+
+
 def _run_on_ray(pool: Any, runner: PolicyRunner, cfg: EvalConfig, spec: EvalEnvSpec, every_step: bool, label: str,
-                seeds: list[int], bar: Any) -> tuple[list[dict], int, float | None]:
-    """The split's episodes on the Ray workers of ``pool``, one seed per call; (episodes, env steps, fps).
-    The workers' policy calls and seconds are added to ``runner``'s."""
+                seeds: list[int], bar: Any) -> tuple[list[dict], int, float | None, float]:
+    """The split's episodes on the Ray workers of ``pool``, one seed per call; (episodes, env steps, fps,
+    seconds until every worker held the policy and its env). The workers' policy calls and seconds
+    are added to ``runner``'s."""
+    t0 = time.perf_counter()
+    pool.map(_env_on_worker, [spec] * pool.size)
+    start = time.perf_counter() - t0
     results = pool.map(episode_on_worker, [(spec, cfg, every_step, label, s) for s in seeds],
                        on_result=lambda i, r: bar.update(1))
     runner.calls += sum(r["calls"] for r in results)
     runner.seconds += sum(r["seconds"] for r in results)
     fps = results[0]["fps"] if results else None
-    return [r["episode"] for r in results], sum(r["env_steps"] for r in results), fps
+    return [r["episode"] for r in results], sum(r["env_steps"] for r in results), fps, start
 
 
 def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Callable[[str], None] = print,
@@ -210,9 +222,10 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
     reruns0 = pool.stats.reruns if pool is not None else 0
     with tqdm(total=n, unit="ep", desc=label, disable=not cfg.progress, dynamic_ncols=True, leave=False) as bar:
         if pool is not None:
-            episodes, env_steps, fps = _run_on_ray(pool, runner, cfg, spec, every_step, label, seeds, bar)
+            episodes, env_steps, fps, start = _run_on_ray(pool, runner, cfg, spec, every_step, label, seeds, bar)
         else:
-            episodes, env_steps, fps = _run_local(runner, cfg, spec, min(cfg.workers, n), every_step, label, seeds, bar)
+            episodes, env_steps, fps, start = _run_local(runner, cfg, spec, min(cfg.workers, n), every_step, label,
+                                                         seeds, bar)
     reruns = pool.stats.reruns - reruns0 if pool is not None else 0
     warning = unreported_success(episodes)
     if warning:
@@ -223,12 +236,12 @@ def run_split(runner: PolicyRunner, cfg: EvalConfig, split: str | None, log: Cal
     result = SplitResult(
         label=label, split=split, summary=summarize_split(cfg.env.id, episodes, fps), episodes=episodes,
         seconds=seconds, env_steps=env_steps, policy_calls=calls, policy_ms_per_call=ms,
-        videos=[e["video"] for e in episodes if e.get("video")], reruns=reruns,
+        videos=[e["video"] for e in episodes if e.get("video")], reruns=reruns, start_seconds=start,
     )
     if reruns:
         log(f"[eval] {label}: {reruns} env worker(s) died and were replaced; their episodes ran again")
-    log(f"[eval] {label}: {len(episodes)} episodes in {seconds:.1f} s ({result.steps_per_s:.0f} env steps/s, "
-        f"{ms:.1f} ms per policy call)")
+    log(f"[eval] {label}: {len(episodes)} episodes in {seconds:.1f} s, workers' start {start:.1f} s of it "
+        f"({result.steps_per_s:.0f} env steps/s, {ms:.1f} ms per policy call)")
     return result
 
 

@@ -58,8 +58,12 @@ def init_ray(cfg: RayConfig):
 
 
 def _is_dead_actor(exc: BaseException) -> bool:
+    """Whether ``exc`` says the actor's process is gone (not that the actor could not start: a
+    worker that fails in its constructor would fail the same way again)."""
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+    if getattr(exc, "actor_init_failed", False):
+        return False
     return isinstance(exc, (ActorDiedError, ActorUnavailableError, RayActorError))
 
 
@@ -183,6 +187,16 @@ class RolloutWorker:
         self._kept = None
 
 
+def _on_cpu(policy: Any) -> Any:
+    """``policy``, or a CPU copy of it when its weights are on an accelerator (the workers reserve CPUs only)."""
+    params = getattr(policy, "parameters", None)
+    if callable(params) and any(p.device.type != "cpu" for p in params()):
+        import copy
+
+        return copy.deepcopy(policy).to("cpu")
+    return policy
+
+
 class RolloutPool:
     """``workers`` :class:`RolloutWorker` actors, each holding ``policy`` (pickled once into Ray's
     object store, unpickled once per actor). ``map(fn, items)`` runs ``fn(worker, item)`` for every
@@ -195,11 +209,16 @@ class RolloutPool:
         self.ray_cfg = ray_cfg or RayConfig()
         self.ray = init_ray(self.ray_cfg)
         self._remote = self.ray.remote(num_cpus=self.ray_cfg.num_cpus_per_worker, max_restarts=0)(RolloutWorker)
-        self._policy = self.ray.put(policy)
+        self._policy = self.ray.put(_on_cpu(policy))
         self._weights = None
         self.threads = int(threads)
         self.stats = PoolStats()
         self._idle = [self._new() for _ in range(max(1, int(workers)))]
+
+    @property
+    def size(self) -> int:
+        """Actors in the pool (between :meth:`map` calls)."""
+        return len(self._idle)
 
     def _new(self):
         actor = self._remote.remote(self._policy, self.threads)
