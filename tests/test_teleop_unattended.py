@@ -200,3 +200,14 @@ def test_an_existing_dataset_is_not_overwritten(tmp_path, capsys):
     assert code == 1 and "a dataset already exists" in capsys.readouterr().out
     code = main(["collect", "--unattended", "--env", "robopolicy/ArmReach-v0", "--out", str(tmp_path / "r")])
     assert code == 2 and "needs an arm task with cubes" in capsys.readouterr().err
+
+
+def test_the_push_task_is_rearranged_too():
+    env = gymnasium.make("robopolicy/ArmPushCube-v0", use_cameras=False).unwrapped
+    env.reset(seed=1)
+    layout = sample_layout(env, np.random.default_rng(2))
+    ScriptedRearrange(seed=0).rearrange(env, layout)
+    check = check_layout(env, layout)
+    assert check.ok, check.reason
+    obs, _ = begin_episode(env, layout)
+    assert obs["task"] == f"push the {env.cube_colors[0]} cube to the {env.target_colors[0]} zone"
