@@ -1,7 +1,7 @@
 """Training frames/s of a frozen-encoder recipe with and without the feature cache, through the trainer.
 
     .venv/bin/python bench/feature_cache_speed.py --config configs/train/track/pair_waypoints.yaml \\
-        --dataset outputs/quickstart/dataset [--steps 40] [--log-every 10]
+        --dataset outputs/quickstart/dataset [--steps 40] [--log-every 10] [key=value ...]
 
 Runs ``robopolicy.train`` twice on the same dataset, seed and batches, changing only
 ``data.feature_cache``: off (the anchor: every step runs the frozen encoders on each sample's
@@ -38,6 +38,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="outputs/bench/feature_cache_speed")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="train config overrides")
     args = parser.parse_args()
     if args.steps < 2 * args.log_every:
         raise SystemExit("--steps must cover at least two --log-every intervals (the first is warm-up)")
@@ -46,6 +47,7 @@ def main() -> int:
                  "save_every=0", f"threads={args.threads}", "progress=false", "device=cpu"]
     if args.dataset:
         overrides.append(f"data.dataset={args.dataset}")
+    overrides += list(args.overrides)
     cfg = load_config(TrainConfig, args.config, overrides)
     if not all(e.frozen for e in cfg.model.encoders):
         raise SystemExit(f"{args.config}: a trainable encoder; only frozen encoders can be cached")
