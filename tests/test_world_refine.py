@@ -58,11 +58,11 @@ def test_refine_runs_dyna_iterations_and_reports(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["refine", "--method", "world-model", "--env", "robopolicy/PointReach-v0", "--out", str(out),
                  "model.latent_dim=16", "model.hidden=[32]", "model.num_q=2", "iterations=2", "episodes_per_iteration=2",
-                 "model_steps=5", "imagine_steps=3", "imagine_batch=16", "batch_size=16", "eval_every=1",
+                 "seed_episodes=2", "pretrain_steps=5", "model_steps=5", "imagine_steps=3", "imagine_batch=16", "batch_size=16", "eval_every=1",
                  "eval_episodes=2", "threads=1"])
     assert code == 0
     metrics = json.loads((out / "summary.json").read_text())["metrics"]
-    assert 4 <= metrics["env_steps"] <= 4 * 50 and metrics["disagreement"] >= 0
+    assert 6 <= metrics["env_steps"] <= 6 * 50 and metrics["disagreement"] >= 0
     assert len((out / "curve.csv").read_text().splitlines()) == 3
     assert WorldModel.load(out / "final").act_dim == 2
     assert "ensemble disagreement" in capsys.readouterr().out

@@ -2,11 +2,15 @@
 
     robopolicy world train --config configs/world/point.yaml dataset=outputs/datasets/point
     robopolicy world eval --checkpoint outputs/world/point/final --env robopolicy/PointReach-v0
+    robopolicy world plan --world outputs/world/point/final --checkpoint BASE --out outputs/plan/point mppi.samples=64
+    robopolicy eval --checkpoint outputs/plan/point --env robopolicy/PointReach-v0   # MPPI at inference
 
 ``train`` writes ``<out>/final`` (``config.yaml`` + ``model.safetensors``, normalisation inside),
 ``curve.csv`` and ``summary.json``; ``eval`` writes the open-loop error per step k, the success
 AUC, ``prediction.png`` and ``summary.json``. A dataset or env that does not fit the model, or a
-diverged run, ends with an error that says so (exit status 1).
+diverged run, ends with an error that says so (exit status 1). ``plan`` writes a policy checkpoint of type
+``planned`` (a base, or none, whose chunks MPPI refines in the world model) that ``robopolicy eval`` and
+the policy worker load like any other checkpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--out", help="output directory")
     e.add_argument("overrides", nargs="*", metavar="key=value")
     e.set_defaults(func=cmd_eval)
+    pl = jobs.add_parser("plan", help="write a policy checkpoint that plans with MPPI in a world model around a base")
+    pl.add_argument("--world", required=True, help="world-model checkpoint directory")
+    pl.add_argument("--checkpoint", help="base policy checkpoint (none: the world model's policy prior is the nominal)")
+    pl.add_argument("--out", required=True, help="directory of the planned-policy checkpoint")
+    pl.add_argument("overrides", nargs="*", metavar="mppi.key=value")
+    pl.set_defaults(func=cmd_plan)
 
 
 def _flags(args: argparse.Namespace, names: dict[str, str]) -> list[str]:
@@ -66,4 +76,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except WorldModelError as exc:
         print(f"robopolicy world eval: {exc}")
         return 1
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from robopolicy.config import build, parse_overrides
+    from robopolicy.world.model import WorldModelError
+    from robopolicy.world.plan import MPPIConfig, PlannedPolicy
+
+    cfg = build(MPPIConfig, parse_overrides(args.overrides).get("mppi", {}), "command line", prefix="mppi.")
+    out = PlannedPolicy.write(args.out, args.world, args.checkpoint, cfg)
+    try:
+        PlannedPolicy.load(out)  # sizes of the base and the world model are checked now, not at the first step
+    except WorldModelError as exc:
+        (out / "config.yaml").unlink()
+        print(f"robopolicy world plan: {exc}")
+        return 1
+    print(f"planned policy {out}: evaluate with robopolicy eval --checkpoint {out} --env ENV")
     return 0

@@ -25,6 +25,7 @@ _LOADERS: dict[str, str] = {
     "policy": "robopolicy.models.policy:Policy",
     "modular": "robopolicy.models.modular:ModularPolicy",
     "residual": "robopolicy.refine.residual:ResidualPolicy",
+    "planned": "robopolicy.world.plan:PlannedPolicy",  # a base's chunks refined by MPPI in a world model
 }
 # files that told a checkpoint's kind before ``type`` was written
 _LEGACY_FILES = (("modular.yaml", "modular"), ("residual.yaml", "residual"))

@@ -54,6 +54,12 @@ class WorldRefineConfig:
     model: WorldModelConfig = field(default_factory=WorldModelConfig)
     offline: bool = False
     """Refine inside the frozen ``world`` model from ``dataset``'s states only: no rollouts, no model updates."""
+    seed_episodes: int = 20
+    """Episodes of uniform random actions before the first update (TD-MPC2's seed steps): data that
+    covers the action space, so the reward and dynamics are learnt beyond the untrained policy's
+    narrow actions. Not in offline mode."""
+    pretrain_steps: int = 500
+    """World-model updates on the seed episodes (and ``dataset``) before the first iteration."""
     iterations: int = 10
     """Dyna iterations: real rollouts, model updates, actor updates in imagination."""
     episodes_per_iteration: int = 8
@@ -127,12 +133,17 @@ def policy_action(model: WorldModel, states: np.ndarray, noise: float, rng: np.r
     return np.clip(a + noise * rng.standard_normal(a.shape), -1, 1).astype(np.float32) if noise else a
 
 
-def rollout(model: WorldModel, env, seed: int, cfg: WorldRefineConfig, rng: np.random.Generator) -> tuple[list, int]:
-    """One real episode of the noisy policy → ``(obs (T + 1, D), actions (T, A), rewards (T,), successes (T,))``."""
+def rollout(model: WorldModel, env, seed: int, cfg: WorldRefineConfig, rng: np.random.Generator,
+            random: bool = False) -> tuple[list, int]:
+    """One real episode of the noisy policy (uniform random actions with ``random``) → ``([obs (T + 1, D),
+    actions (T, A), rewards (T,), successes (T,)], T)``."""
     obs, _ = env.reset(seed=seed)
     states, actions, rewards, successes = [np.asarray(obs["observation.state"], np.float32).reshape(-1)], [], [], []
     while True:
-        a = policy_action(model, states[-1][None], cfg.explore_noise, rng)[0]
+        if random:
+            a = rng.uniform(-1, 1, model.act_dim).astype(np.float32)
+        else:
+            a = policy_action(model, states[-1][None], cfg.explore_noise, rng)[0]
         obs, r, terminated, truncated, info = env.step(a)
         states.append(np.asarray(obs["observation.state"], np.float32).reshape(-1))
         actions.append(a), rewards.append(float(r)), successes.append(bool(info.get("is_success", False)))
@@ -140,6 +151,12 @@ def rollout(model: WorldModel, env, seed: int, cfg: WorldRefineConfig, rng: np.r
             # a truncated episode's last state is known but its value is not: keep it as if unknown
             return [np.stack(states if terminated else states[:-1]), np.stack(actions), np.array(rewards),
                     np.array(successes, np.float32)], len(actions)
+
+
+def normalise(model: WorldModel, episodes: Episodes, cfg: WorldRefineConfig) -> None:
+    """A new model (no ``world``) takes its normalisation from the data it starts from."""
+    if not cfg.world:
+        model.fit_normalisation(np.concatenate(episodes.obs), np.concatenate([s[1] for s in episodes.steps]))
 
 
 def success_in_sim(model: WorldModel, cfg: WorldRefineConfig, seed: int) -> float:
@@ -185,15 +202,21 @@ def train(cfg: WorldRefineConfig, log=print) -> dict:
     before = success_in_sim(model, cfg, cfg.seed + 10**6)
     curve = [(0, before)]
     try:
+        for _ in range(0 if cfg.offline else cfg.seed_episodes):
+            episode, steps = rollout(model, env, cfg.seed + sim_steps, cfg, rng, random=True)
+            episodes.add(*episode)
+            sim_steps += steps
+        if not cfg.offline and len(episodes):
+            normalise(model, episodes, cfg)
+            fit(model, episodes, cfg.pretrain_steps, train_cfg, rng, optim, pi_optim)
         for it in range(1, cfg.iterations + 1):
             for _ in range(0 if cfg.offline else cfg.episodes_per_iteration):
                 episode, steps = rollout(model, env, cfg.seed + sim_steps, cfg, rng)
                 episodes.add(*episode)
                 sim_steps += steps
-            if not cfg.world and not cfg.dataset and it == 1:  # a new model: normalise by what it saw first
-                states = np.concatenate(episodes.obs)
-                model.obs_mean.copy_(torch.as_tensor(states.mean(0))), model.obs_std.copy_(torch.as_tensor(states.std(0) + 1e-3))
             if not cfg.offline:
+                if it == 1 and not (cfg.seed_episodes or cfg.dataset):
+                    normalise(model, episodes, cfg)
                 fit(model, episodes, cfg.model_steps, train_cfg, rng, optim, pi_optim)
             for _ in range(cfg.imagine_steps):
                 stats = actor_step(model, episodes, pi_optim, cfg, rng)

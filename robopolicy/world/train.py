@@ -6,11 +6,13 @@ Reads top to bottom: load the episodes, hold some out, fit the normalisation, th
 sample windows of ``horizon`` steps, roll the latent dynamics over them open loop and minimise
 
     consistency_coef · Σ_k ρ^k ‖next(z_k, a_k) − sg(encode(o_{k+1}))‖²
-  + reward_coef · Σ_k ρ^k (reward(z_k, a_k) − r_k)²
+  + reward_coef · Σ_k ρ^k CE(reward(z_k, a_k), r_k)
   + success_coef · Σ_k ρ^k BCE(success(z_{k+1}), s_k)
-  + value_coef · Σ_k ρ^k Σ_i (Q_i(z_k, a_k) − (r_k + γ (1 − s_k) Q̄(z'_{k+1}, π(z'_{k+1}))))²
+  + value_coef · Σ_k ρ^k Σ_i CE(Q_i(z_k, a_k), r_k + γ (1 − s_k) Q̄(z'_{k+1}, π(z'_{k+1})))
 
-(TD-MPC2's objective with a success head), then update the policy prior π to maximise Q. The
+where z'_{k+1} = encode(o_{k+1}) without gradient, Q̄ the lower of two target heads drawn at
+random, and CE the cross-entropy of the predicted bins against the two-hot target (TD-MPC2's
+objective with a success head), then update the policy prior π to maximise Q. The
 model's state read-out learns on detached latents. Writes ``<out>/final`` (the checkpoint),
 ``<out>/curve.csv`` and ``<out>/summary.json``. A non-finite loss stops the run with an error
 naming the step, never a silent divergence.
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from robopolicy.utils.files import atomic_write_text
 from robopolicy.utils.records import write_summary
 from robopolicy.world.data import Episodes, read_episodes
-from robopolicy.world.model import WorldModel, WorldModelConfig, WorldModelError
+from robopolicy.world.model import WorldModel, WorldModelConfig, WorldModelError, scalar_loss
 
 
 @dataclass
@@ -80,11 +82,12 @@ def model_losses(model: WorldModel, b: dict[str, torch.Tensor]) -> tuple[torch.T
         return (per_step * mask * weights).sum() / mask.sum().clamp(min=1)
 
     consistency = weighted(((zs[:, 1:] - z_target) ** 2).mean(-1), b["next_known"])
-    reward = weighted((model.reward(zs[:, :-1], b["action"]) - b["reward"]) ** 2, b["valid"])
+    scale = model.reward_scale
+    reward = weighted(scalar_loss(model.reward_logits(zs[:, :-1], b["action"]), b["reward"] / scale, cfg), b["valid"])
     success = weighted(F.binary_cross_entropy_with_logits(model.success(zs[:, 1:]), b["success"], reduction="none"),
                        b["valid"])
-    q = model.Q(zs[:, :-1], b["action"], "all")  # (num_q, B, H)
-    value = weighted(((q - td) ** 2).mean(0), value_mask)
+    q_logits = model.Q(zs[:, :-1], b["action"], "logits")  # (num_q, B, H, num_bins)
+    value = weighted(scalar_loss(q_logits, (td / scale).expand(len(q_logits), *td.shape), cfg).sum(0), value_mask)
     norm_obs = (b["obs"] - model.obs_mean) / model.obs_std
     readout = (((model.decode_state(zs.detach()) - model.obs_mean) / model.obs_std - norm_obs) ** 2).mean()
     total = (cfg.consistency_coef * consistency + cfg.reward_coef * reward + cfg.success_coef * success
@@ -132,10 +135,11 @@ def fit(model: WorldModel, episodes: Episodes, steps: int, cfg: WorldTrainConfig
 
 
 def optimizers(model: WorldModel, lr: float) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
-    """Adam for everything but the policy prior, and Adam for the prior alone."""
-    pi_params = set(map(id, model._pi.parameters()))
-    rest = [p for p in model.parameters() if id(p) not in pi_params and p.requires_grad]
-    return torch.optim.Adam(rest, lr=lr), torch.optim.Adam(model._pi.parameters(), lr=lr)
+    """Adam for everything but the policy prior (the encoder at ``enc_lr_scale`` × lr), and Adam for the prior alone."""
+    own = set(map(id, model._pi.parameters())) | set(map(id, model._encoder.parameters()))
+    rest = [p for p in model.parameters() if id(p) not in own and p.requires_grad]
+    groups = [{"params": rest}, {"params": list(model._encoder.parameters()), "lr": lr * model.cfg.enc_lr_scale}]
+    return torch.optim.Adam(groups, lr=lr), torch.optim.Adam(model._pi.parameters(), lr=lr)
 
 
 @torch.no_grad()
@@ -158,8 +162,9 @@ def train(cfg: WorldTrainConfig, log=print) -> dict:
     episodes = read_episodes(cfg.dataset)
     kept, held_out = episodes.split(cfg.held_out, rng)
     states = np.concatenate(kept.obs)
-    model = WorldModel(episodes.obs_dim, episodes.act_dim, cfg.model,
-                       obs_mean=torch.as_tensor(states.mean(0)), obs_std=torch.as_tensor(states.std(0) + 1e-3)).to(cfg.device)
+    model = WorldModel(episodes.obs_dim, episodes.act_dim, cfg.model)
+    model.fit_normalisation(states, np.concatenate([s[1] for s in kept.steps]))
+    model.to(cfg.device)
     optim, pi_optim = optimizers(model, cfg.lr)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
