@@ -80,6 +80,16 @@ class WorldModelConfig:
     """The encoder's learning rate relative to the rest."""
 
 
+class Mish(nn.Module):
+    """``x tanh(softplus(x))`` written with one exp, ``x n (n + 2) / (n (n + 2) + 2)`` with ``n = e^x``: the
+    same values as ``nn.Mish`` (to 1e-6) in less CPU time, which the planner's small batches feel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = torch.exp(x.clamp(max=20.0))
+        t = n * (n + 2)
+        return x * t / (t + 2)
+
+
 def mlp(sizes: list[int], out_act: nn.Module | None = None, dropout: float = 0.0) -> nn.Sequential:
     """Linear + LayerNorm + Mish between every pair of sizes (dropout after the first), a plain Linear
     last (then ``out_act``)."""
@@ -87,7 +97,7 @@ def mlp(sizes: list[int], out_act: nn.Module | None = None, dropout: float = 0.0
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
         layers.append(nn.Linear(a, b))
         if i < len(sizes) - 2:
-            layers += [nn.LayerNorm(b), nn.Mish()]
+            layers += [nn.LayerNorm(b), Mish()]
             if i == 0 and dropout > 0:
                 layers.append(nn.Dropout(dropout))
     if out_act is not None:
