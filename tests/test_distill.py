@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ model:
   n_layers: 1
   head_layers: 1
 """
+ROOT = Path(__file__).resolve().parents[1]
 ENV = ["env.id=robopolicy/ArmPushCube-v0", "env.kwargs.image_size=32", "env.kwargs.max_steps=12"]
 TINY = ["iterations=2", "steps_per_iteration=24", "num_envs=1", "finetune_steps=4", "batch_size=8",
         "eval_episodes=1", "eval_envs=1", "steps_per_chunk=2"]
@@ -145,3 +147,14 @@ def test_the_wall_clock_budget_stops_before_an_iteration_that_would_pass_it(stud
     assert summary["iterations_run"] == 1 and len(summary["iterations"]) == 1
     assert any("stopping after 1 iterations" in line for line in lines)
     assert (tmp_path / "run" / "final").is_dir() and (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_distillation_learns_point_reach_from_its_oracle(tmp_path):
+    """The task with a known answer: a state student taught by the oracle reaches nearly every goal."""
+    cfg = load_config(distill.DistillConfig, None, [
+        "env.id=robopolicy/PointReach-v0", "teacher=oracle", f"student_config={ROOT / 'configs/train/point/chunk.yaml'}",
+        "chunk_labels=along", "iterations=1", "steps_per_iteration=400", "finetune_steps=200", "batch_size=32",
+        "num_envs=1", "eval_episodes=20", "eval_envs=1", "steps_per_chunk=4", f"out={tmp_path / 'run'}",
+        "progress=false"])
+    summary = distill.train(cfg, log=lambda line: None)
+    assert summary["iterations"][0]["success"] >= 0.9, summary["iterations"]
