@@ -111,3 +111,11 @@ def test_eval_refuses_a_model_of_another_env(tmp_path):
     WorldModel(6, 2, SMALL).save(tmp_path / "m")
     with pytest.raises(WorldModelError, match="state 6 / action 2, the env has state 4 / action 2"):
         evaluate(WorldEvalConfig(checkpoint=str(tmp_path / "m"), out=str(tmp_path / "e"), episodes=1))
+
+
+def test_weights_that_do_not_fit_their_config_are_refused(tmp_path):
+    WorldModel(4, 2, SMALL).save(tmp_path / "m")
+    config = (tmp_path / "m" / "config.yaml").read_text()
+    (tmp_path / "m" / "config.yaml").write_text(config.replace("num_bins: 101", "num_bins: 51"))
+    with pytest.raises(WorldModelError, match="weights do not fit the model"):
+        WorldModel.load(tmp_path / "m")

@@ -74,3 +74,12 @@ def test_offline_refinement_needs_a_model_and_a_dataset(tmp_path, capsys):
     code = main(["refine", "--method", "world-model", "--env", "robopolicy/PointReach-v0", "--out", str(tmp_path / "r"),
                  "offline=true", "model.hidden=[32]", "model.latent_dim=16"])
     assert code == 1 and "offline refinement needs" in capsys.readouterr().out
+
+
+def test_refine_refuses_a_world_model_of_another_env(tmp_path, capsys):
+    from robopolicy.cli import main
+
+    WorldModel(6, 2, SMALL).save(tmp_path / "m")
+    code = main(["refine", "--method", "world-model", "--env", "robopolicy/PointReach-v0", "--out", str(tmp_path / "r"),
+                 f"world={tmp_path / 'm'}", "iterations=1"])
+    assert code == 1 and "state 6 / action 2, the env has state 4 / action 2" in capsys.readouterr().out
