@@ -56,6 +56,15 @@ DISTRACTOR_REGION = (0.09, 0.30, -1.4, 1.4)
 DISTRACTOR_CLEARANCE = 0.06
 """m between a distractor and any task object (free or mocap body) in the table plane."""
 HIDDEN_GROUP = 4
+OBSERVATION_HOOKS = ("_obs", "_observation")
+"""Methods of our tasks that render the current observation without side effects (the arm tasks',
+PersonFollow's): textures and distractors are drawn after the task's reset (they depend on what the
+reset set and placed), so its first observation is rendered again through one of them."""
+
+
+def _observation_hook(base: gymnasium.Env):
+    """The task's own observation renderer (:data:`OBSERVATION_HOOKS`), ``None`` if it has none."""
+    return next((getattr(base, n) for n in OBSERVATION_HOOKS if callable(getattr(base, n, None))), None)
 
 
 @dataclass(frozen=True)
@@ -112,9 +121,9 @@ def _turn(quat: np.ndarray, angle: float, rng: np.random.Generator) -> np.ndarra
 
 class DomainRandomization(gymnasium.Wrapper):
     """Randomises the MuJoCo model of the wrapped task at every reset (see the module docstring).
-    The env must keep its ``mujoco.MjModel`` / ``MjData`` in ``model`` / ``data``; distractors also
-    need the scene's ``distractor<i>`` geoms and an env that renders its observation in ``_obs()``
-    (the arm tasks), since they are placed after the task's layout is known."""
+    The env must keep its ``mujoco.MjModel`` / ``MjData`` in ``model`` / ``data``; textures and
+    distractors also need an observation renderer (:data:`OBSERVATION_HOOKS`), and distractors the
+    scene's ``distractor<i>`` geoms (the arm scenes)."""
 
     def __init__(self, env: gymnasium.Env, settings: RandomizeSettings | Mapping[str, Any]):
         super().__init__(env)
@@ -127,9 +136,11 @@ class DomainRandomization(gymnasium.Wrapper):
         if self.settings.distractors > len(self._distractors):
             raise ValueError(f"randomize.distractors: {type(base).__name__}'s scene has {len(self._distractors)} "
                              f"distractor geoms, {self.settings.distractors} asked for")
-        if self.settings.distractors and not callable(getattr(base, "_obs", None)):
-            raise ValueError(f"randomize.distractors: {type(base).__name__} cannot render its observation again "
-                             f"after the distractors are placed (no _obs())")
+        self._observe = _observation_hook(base)
+        late = [k for k in ("textures", "distractors") if getattr(self.settings, k)]
+        if late and self._observe is None:
+            raise ValueError(f"randomize.{late[0]}: {type(base).__name__} cannot render its observation again after "
+                             f"the task's reset (none of {list(OBSERVATION_HOOKS)})")
         v = m.vis.headlight
         self._nominal = {"light_pos": m.light_pos.copy(), "light_dir": m.light_dir.copy(),
                          "light_diffuse": m.light_diffuse.copy(), "head_ambient": v.ambient.copy(),
@@ -156,7 +167,7 @@ class DomainRandomization(gymnasium.Wrapper):
             base = self.env.unwrapped
             mujoco.mj_kinematics(base.model, base.data)  # poses only: velocities, contacts and warm start stay
             mujoco.mj_camlight(base.model, base.data)
-            obs = base._obs() if callable(getattr(base, "_obs", None)) else obs
+            obs = self._observe()
         return obs, info
 
     def _restore_colors(self) -> None:

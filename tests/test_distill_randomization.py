@@ -93,3 +93,18 @@ def test_bad_settings_name_the_key():
         assert isinstance(env, DomainRandomization)
     finally:
         env.close()
+
+
+def test_person_follow_is_randomised_from_its_first_frame_and_keeps_its_task():
+    def first(randomize):
+        env = make_env(EnvConfig("robopolicy/PersonFollow-v0", {"split": "dt", "image_size": 48}, randomize))
+        try:
+            return env.reset(seed=3)
+        finally:
+            env.close()
+
+    (plain, i0), (obs, i1) = first({}), first({"textures": True, "seed": 1})  # drawn after the reset
+    assert not np.array_equal(plain["observation.images.front"], obs["observation.images.front"])
+    assert plain["task"] == obs["task"] and i0["target_distance"] == i1["target_distance"]
+    with pytest.raises(ConfigError, match="distractors: .* has 0 distractor geoms"):
+        first({"distractors": 1})
