@@ -228,3 +228,22 @@ def test_dagger_on_ray_refines_as_the_local_run_does_even_when_a_worker_dies(loc
     # (batched and one-row predictions), which Adam's normalised steps carry to ~1e-4 in 10 steps
     for k in local_weights:
         np.testing.assert_allclose(local_weights[k].numpy(), remote_weights[k].numpy(), atol=2e-3, err_msg=k)
+
+
+def test_a_saved_camera_policy_with_temporal_context_evaluates_on_ray_as_locally(local_ray, tmp_path):
+    """The workers get the loaded checkpoint itself (pickled once) and run its context and chunks as
+    a local row does; episodes agree up to the float rounding of one-row against batched predictions."""
+    from robopolicy.eval import evaluate
+    from robopolicy.models.loading import load_policy
+    from test_eval import tiny_policy
+
+    ckpt = tiny_policy().save(tmp_path / "ckpt")
+    local = evaluate(load_policy(ckpt), arm_eval(tmp_path / "local", episodes=4), log=lambda m: None).splits[0]
+    lines: list[str] = []
+    remote = evaluate(load_policy(ckpt), arm_eval(tmp_path / "ray", episodes=4, backend="ray"), log=lines.append)
+    remote = remote.splits[0]
+    assert remote.reruns == 0 and remote.policy_calls > 0 and remote.start_seconds > 0
+    assert [(e["seed"], e["steps"], e["success"]) for e in remote.episodes] == \
+        [(e["seed"], e["steps"], e["success"]) for e in local.episodes]
+    np.testing.assert_allclose([e["return"] for e in remote.episodes], [e["return"] for e in local.episodes],
+                               rtol=1e-4)
