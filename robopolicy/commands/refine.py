@@ -164,7 +164,9 @@ def cmd_refine(args: argparse.Namespace) -> int:
             s = distill.train(cfg)
             rows = [(f"student, iteration {r['iteration']} (beta {r['beta']:.3g}, {r['env_steps']} env steps)",
                      r["success"]) for r in s["iterations"]]
-            extra = f"teacher {s['teacher']}; {s['seconds_by_phase']}"
+            t = s["seconds_by_phase"]
+            extra = (f"teacher {s['teacher']}; {s['iterations_run']} iterations; rollouts {t['rollout']:.0f} s, "
+                     f"fine-tuning {t['finetune']:.0f} s, evaluations {t['eval']:.0f} s")
         elif args.method == "world-model":
             from robopolicy.world import imagine
 

@@ -15,6 +15,9 @@ here), or with ``chunk_labels: along`` the oracle's labels of the next ``H`` sta
 visited (each label right for its state, but the states follow the policy's actions, not the
 labels); both padded at the episode end.
 
+The labeller may also be a policy that reads the privileged scene state (``collect``'s ``teacher``):
+:mod:`robopolicy.refine.distill` teaches a camera student that way.
+
 Perceive-then-act policies (a :class:`~robopolicy.models.modular.ModularPolicy` base,
 ``learner: locator``): the same loop relabels perception instead. At every visited state the env's
 privileged scene label (the locator's ``locate_label``, e.g. ``label.goal_grip``: the named cube
