@@ -5,6 +5,8 @@
 - :mod:`~robopolicy.refine.residual_td3`: the same residual trained off-policy (TD3 from a replay
   buffer, sparse reward, semi-MDP chunk decisions): far fewer env steps where the task allows it.
 - :mod:`~robopolicy.refine.dagger`: on-policy relabelling with filtered oracle labels.
+- :mod:`~robopolicy.refine.distill`: a privileged teacher (the oracle, or a state policy) labels the
+  states a camera student visits; the student is trained on them (DAgger's machinery).
 - :mod:`~robopolicy.refine.rpd`: PPO on a compact student plus an annealed BC term toward a teacher.
 - :mod:`~robopolicy.refine.residual`: the residual policy (a frozen base's executed chunks, an
   actor-critic from :mod:`robopolicy.rl`, the action adapters of
