@@ -172,6 +172,8 @@ def cmd_refine(args: argparse.Namespace) -> int:
 
             s = imagine.train(cfg)
             rows = [("start", s["before"]), ("after world-model refinement", s["after"])]
+            if s["best"] > s["after"]:
+                rows.append((f"best evaluation ({s['best_env_steps']} env steps; {s['best_checkpoint']})", s["best"]))
             extra = (f"env steps to 80% success: {_steps_to(s['steps_to_80'])}; "
                      f"ensemble disagreement {s['disagreement']:.4f}")
         else:

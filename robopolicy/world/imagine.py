@@ -19,7 +19,8 @@ success. Every ``eval_every`` iterations the deterministic policy is checked in 
 the actor learns only in the model, from the dataset's start states (World4RL's setting: the
 simulator only evaluates).
 
-Writes ``<out>/final`` (the refined world model: its ``pi`` is the policy), ``curve.csv``
+Writes ``<out>/final`` (the refined world model: its ``pi`` is the policy), ``<out>/best`` (the
+model at the best evaluation: imagination can exploit the model's errors later on), ``curve.csv``
 (success against simulator steps) and ``summary.json``. The policy here is the whole policy (no
 base); an imagined rollout that turns non-finite stops the run with an error.
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -200,7 +202,8 @@ def train(cfg: WorldRefineConfig, log=print) -> dict:
     sim_steps, rows, stats = 0, ["iteration,env_steps,success,imagined_return,disagreement"], {}
     dataset_steps = episodes.num_steps
     before = success_in_sim(model, cfg, cfg.seed + 10**6)
-    curve = [(0, before)]
+    curve, out = [(0, before)], Path(cfg.out)
+    best = (0, before, None)  # env steps, success, checkpoint of the best evaluation so far
     try:
         for _ in range(0 if cfg.offline else cfg.seed_episodes):
             episode, steps = rollout(model, env, cfg.seed + sim_steps, cfg, rng, random=True)
@@ -223,22 +226,22 @@ def train(cfg: WorldRefineConfig, log=print) -> dict:
             if it % cfg.eval_every == 0 or it == cfg.iterations:
                 success = success_in_sim(model, cfg, cfg.seed + 10**6)
                 curve.append((sim_steps, success))
+                if success > best[1]:  # imagination can overfit the model later: keep the best policy seen
+                    best = (sim_steps, success, str(model.save(out / "best")))
                 rows.append(f"{it},{sim_steps},{success:.4f},{stats['imagined_return']:.4g},{stats['disagreement']:.4g}")
                 if cfg.progress:
                     log(f"iteration {it}: {sim_steps} env steps, success {100 * success:.1f}%, imagined return "
                         f"{stats['imagined_return']:.3f}, disagreement {stats['disagreement']:.4f}")
     finally:
         env.close()
-    from pathlib import Path
-
-    out = Path(cfg.out)
     checkpoint = model.save(out / "final")
     atomic_write_text(out / "curve.csv", "\n".join(rows) + "\n")
     after = curve[-1][1]
     reached = next((steps for steps, s in curve if s >= 0.8), None)
     metrics = {"before": before, "after": after, "env_steps": sim_steps, "steps_to_80": reached,
                "disagreement": stats.get("disagreement"), "imagined_return": stats.get("imagined_return"),
-               "dataset_steps": dataset_steps, "checkpoint": str(checkpoint)}
+               "dataset_steps": dataset_steps, "checkpoint": str(checkpoint), "best": best[1],
+               "best_env_steps": best[0], "best_checkpoint": best[2], "curve": curve}
     write_summary(out, kind="refine", config=cfg, seeds=[cfg.seed], episodes=cfg.eval_episodes, metrics=metrics,
                   started_at=started)
     return {**metrics, "seconds": time.time() - started}
