@@ -96,12 +96,12 @@ def test_an_episode_runs_and_records_one_version_and_swaps_only_between_episodes
 
 def test_learner_commits_each_episode_once_and_publishes_growing_versions(tmp_path):
     policy = tiny_policy(0)
-    learner = FleetLearner(policy, hg_settings(tmp_path), tmp_path / "weights", tmp_path / "ds", retrain_every=10,
+    learner = FleetLearner(policy, hg_settings(tmp_path), tmp_path / "weights", tmp_path / "ds", retrain_every=8,
                            queue_size=4, log=lambda m: None).start()
     runners = [EpisodeRunner(a, ENV, tiny_policy(0), EAGER, 0.1, None, seed=0) for a in range(3)]
 
     def robot(runner):
-        for i in range(4):
+        for i in range(3):
             version, weights = learner.current()
             learner.submit(runner.run_episode(100 * runner.actor_id + i, version, weights))
 
@@ -110,7 +110,7 @@ def test_learner_commits_each_episode_once_and_publishes_growing_versions(tmp_pa
         t.start()
     for t in threads:
         t.join()
-    learner.close()
+    learner.close(final_step=True)  # a last step on what arrived since the previous one: at least v1
     assert learner.version >= 1 and learner.train_steps == 2 * learner.version
     versions = [v["version"] for v in learner.versions]
     assert versions == list(range(learner.version + 1))
@@ -118,13 +118,13 @@ def test_learner_commits_each_episode_once_and_publishes_growing_versions(tmp_pa
     assert Policy.load(tmp_path / "weights" / f"v{learner.version:06d}").config.horizon == 4
     rows, table = committed(tmp_path / "ds")
     seeds = sorted((r["fleet/actor"], r[F.EPISODE_SEED]) for r in rows)
-    assert seeds == sorted((a, 100 * a + i) for a in range(3) for i in range(4))  # each once, none lost
+    assert seeds == sorted((a, 100 * a + i) for a in range(3) for i in range(3))  # each once, none lost
     index = np.asarray(table["episode_index"].to_pylist())
     frame_version = np.asarray(table[POLICY_VERSION].to_pylist()).reshape(-1)
     for r in rows:
         assert set(frame_version[index == r["episode_index"]]) == {r["fleet/weight_version"]}
     assert np.asarray(table[F.INTERVENTION].to_pylist()).all()
-    assert learner.stats.episodes == 12 and learner.stats.labels == learner.stats.frames == len(table)
+    assert learner.stats.episodes == 9 and learner.stats.labels == learner.stats.frames == len(table)
 
 
 def test_training_goes_on_while_ingest_is_stuck_in_a_commit(tmp_path):
@@ -210,6 +210,11 @@ def test_fleet_on_ray_replaces_a_dead_actor_and_every_episode_keeps_its_version(
         assert r["fleet/eval"] == (r[F.EPISODE_SEED] % 4 == 3)
     started = {v["version"]: v["wall_s"] for v in map(dict, _csv(out / "versions.csv"))}
     assert list(started) == [str(v) for v in range(m["versions"] + 1)]
+    assert main(["fleet", "--versions", "--checkpoint", str(tmp_path / "base"), "--out", str(out),
+                 "env.id=robopolicy/PointReach-v0", "env.kwargs.max_steps=12", "version_episodes=2"]) == 0
+    evaluated = json.loads((out / "versions_eval" / "summary.json").read_text())["metrics"]
+    assert [r["version"] for r in evaluated["versions"]] == list(range(m["versions"] + 1))
+    assert all(0 <= r["success"] <= 1 and r["episodes"] == 2 for r in evaluated["versions"])
 
 
 def _csv(path):

@@ -79,9 +79,16 @@ class FleetConfig:
     """Torch threads of the learner and of each actor."""
     window: int = 10
     """Evaluation episodes per point of the success curve (a moving mean)."""
+    version_episodes: int = 0
+    """After the run, each published version's success on the same episodes (seeds ``version_seed``
+    on, the policy alone): the success-against-wall-clock curve without the seed-to-seed noise of
+    the fleet's own evaluation episodes; 0: none (``robopolicy fleet --versions`` runs it later)."""
+    version_seed: int = 100_000
     out: str = "outputs/fleet/run"
 
     def __post_init__(self):
+        if self.version_episodes < 0:
+            raise ValueError(f"fleet.version_episodes must be >= 0, got {self.version_episodes}")
         for key in ("actors", "episodes", "queue", "window"):
             if int(getattr(self, key)) < 1:
                 raise ValueError(f"fleet.{key} must be >= 1, got {getattr(self, key)}")
@@ -242,4 +249,34 @@ def run_fleet(cfg: FleetConfig, log: Callable[[str], None] = print) -> dict:
         pool = run_pool(make_actor, call, range(cfg.episodes), cfg.actors, done)
     finally:
         learner.close(final_step=False)
-    return report(cfg, learner, pool, made[0], started, time.perf_counter() - t0, log)
+    metrics = report(cfg, learner, pool, made[0], started, time.perf_counter() - t0, log)
+    if cfg.version_episodes:
+        evaluate_versions(cfg, log)
+    return metrics
+
+
+def evaluate_versions(cfg: FleetConfig, log: Callable[[str], None] = print) -> list[dict]:
+    """Every version under ``<out>/weights`` on the same ``version_episodes`` seeds, the policy alone
+    (in this process); writes ``versions_eval.csv``, redraws ``success.png`` with these points at
+    each version's publishing time, and the record ``<out>/versions_eval/summary.json``."""
+    from robopolicy.models.loading import load_policy
+    from robopolicy.scale.fleet_learner import state_arrays
+    from robopolicy.scale.fleet_report import report_versions
+
+    started, out = time.time(), Path(cfg.out)
+    episodes = cfg.version_episodes or 100
+    paths = sorted((out / "weights").glob("v" + "[0-9]" * 6))
+    if not paths:
+        raise FileNotFoundError(f"{out / 'weights'}: no published versions (run robopolicy fleet first)")
+    runner = EpisodeRunner(0, cfg.env, str(paths[0]), None, cfg.control_dt, cfg.steps_per_chunk, cfg.seed, cfg.threads)
+    results = []
+    for path in paths:
+        version = int(path.name[1:])
+        weights = state_arrays(load_policy(path)) if version > runner.version else None
+        eps = [runner.run_episode(cfg.version_seed + i, version, weights, evaluate=True) for i in range(episodes)]
+        results.append({"version": version, "success": float(np.mean([e["success"] for e in eps])),
+                        "steps_mean": float(np.mean([len(e[F.ACTION]) for e in eps]))})
+        log(f"[fleet] v{version}: success {results[-1]['success']:.1%} on seeds {cfg.version_seed}.."
+            f"{cfg.version_seed + episodes - 1}")
+    report_versions(cfg, results, episodes, started, log)
+    return results

@@ -32,7 +32,8 @@ def moving(values: list[float], window: int) -> np.ndarray:
     return (c[idx] - c[lo]) / (idx - lo)
 
 
-def plot(rows: list[dict], versions: list[dict], window: int, path: Path, title: str) -> None:
+def plot(rows: list[dict], versions: list[dict], window: int, path: Path, title: str,
+         version_success: list[dict] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,6 +53,11 @@ def plot(rows: list[dict], versions: list[dict], window: int, path: Path, title:
                 label=f"operator's share of the steps (mean of {4 * window} episodes)")
     for v in versions[1:]:
         ax.axvline(v["wall_s"] / 60, color="0.85", lw=0.8, zorder=0)
+    if version_success:
+        when = {int(v["version"]): float(v["wall_s"]) / 60 for v in versions}
+        pts = [(when[r["version"]], r["success"]) for r in version_success if r["version"] in when]
+        ax.plot(*zip(*pts), "o-", color="black", ms=4,
+                label=f"each version alone, the same {version_success[0]['episodes']} seeds (at its publishing time)")
     ax.set_xlabel("wall clock (min); grey lines: new weight versions")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title)
@@ -101,4 +107,42 @@ def report(cfg, learner, pool, actors_made: int, started: float, wall_s: float, 
     log(f"[fleet] {st.episodes} episodes from {cfg.actors} actors in {wall_s / 60:.1f} min | v{learner.version} | "
         f"labels {st.labels} | success {fmt(first)} -> {fmt(last)} (first/last {cfg.window} eval episodes) | "
         f"rerun {pool.reruns} | {out / 'success.png'}")
+    return metrics
+
+
+def read_csv(path: Path) -> list[dict]:
+    """Rows of a CSV this module wrote, numbers and booleans parsed."""
+    def value(text: str):
+        if text in ("True", "False"):
+            return text == "True"
+        try:
+            return float(text) if any(c in text for c in ".en") else int(text)
+        except ValueError:
+            return None if text == "" else text
+
+    with open(path, newline="") as fh:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+def report_versions(cfg, results: list[dict], episodes: int, started: float, log: Callable[[str], None]) -> dict:
+    """``versions_eval.csv``, ``success.png`` redrawn with the versions' points, and the record."""
+    from robopolicy.utils.records import write_summary
+
+    out = Path(cfg.out)
+    versions = read_csv(out / "versions.csv")
+    rows = read_csv(out / "episodes.csv") if (out / "episodes.csv").exists() else []
+    when = {int(v["version"]): float(v["wall_s"]) for v in versions}
+    table = [{**r, "episodes": episodes, "wall_s": when.get(r["version"])} for r in results]
+    _write_csv(out / "versions_eval.csv", table)
+    plot(rows, versions, cfg.window, out / "success.png", f"fleet of {cfg.actors} on {cfg.env.label()}", table)
+    first, last = table[0]["success"], table[-1]["success"]
+    best = max(table, key=lambda r: r["success"])
+    metrics = {"episodes_per_version": episodes, "seeds_from": cfg.version_seed, "versions": table,
+               "success_v0": first, "success_last": last, "last_version": table[-1]["version"],
+               "gain_pts": round(100 * (last - first), 1), "best_version": best["version"], "best_success": best["success"],
+               "run_wall_s_at_last": table[-1]["wall_s"]}
+    write_summary(out / "versions_eval", kind="eval", config=cfg, seeds=cfg.version_seed, episodes=episodes * len(table),
+                  metrics=metrics, started_at=started)
+    log(f"[fleet] versions on the same {episodes} seeds: v0 {first:.1%} -> v{table[-1]['version']} {last:.1%} "
+        f"({metrics['gain_pts']:+.1f} pts); {out / 'success.png'}")
     return metrics
