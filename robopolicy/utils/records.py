@@ -35,7 +35,7 @@ SCHEMA_VERSION = 1
 # The keys every record holds, in the order they are written.
 RECORD_KEYS = ("schema", "kind", "commit", "config_digest", "seeds", "episodes", "machine",
                "wall_time_s", "started_at", "command", "metrics")
-KINDS = ("train", "eval", "refine", "bench", "collect", "diagnose", "world")
+KINDS = ("train", "eval", "refine", "bench", "collect", "diagnose", "world", "fleet")
 
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
