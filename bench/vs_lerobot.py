@@ -3,6 +3,9 @@
     .venv/bin/python bench/vs_lerobot.py                                   # defaults below
     .venv/bin/python bench/vs_lerobot.py budget_s=600 demos=200 episodes=50
     .venv/bin/python bench/vs_lerobot.py policies=[ours,act] budget_s=120 episodes=4   # a quick look
+    # ours, the camera student of distillation and ACT on the same two cameras, three repeats (one a run):
+    for r in 0 1 2; do .venv/bin/python bench/vs_lerobot.py "policies=[ours,student,act]" camera=front+wrist \
+        demos=20 budget_s=120 episodes=2 repeat=$r out=outputs/bench/vs_lerobot_student; done
     .venv/bin/python bench/vs_lerobot.py "policies=[ours,act]" camera=none demos=200 episodes=50 \
         dataset=outputs/datasets/arm_pp_state "env={id: robopolicy/ArmPickPlace-v0, kwargs: {use_cameras: false, env_state: true}}"
     .venv/bin/python bench/vs_lerobot.py "policies=[ours,act]" camera=front+wrist recipe=configs/train/arm/reach_cam.yaml \
@@ -24,15 +27,25 @@
      included), the policy's optimizer preset and gradient clipping. The learning-rate
      schedulers are left out (a budget has no known step count). ``lerobot_amp=bf16`` runs
      their forward pass under bf16 autocast, as ``ours={amp: bf16}`` runs ours.
-   - Ours with ``robopolicy.train`` (frozen encoder + feature cache; the encoding counts), or with
-     ``recipe``: one of our train configs (its model, losses, optimizer, augmentation), trained
-     on the same dataset, cameras and batch size.
+   - Ours with ``robopolicy.train`` and ``recipe``, one of our train configs (its model, losses,
+     optimizer, augmentation; by default the shipped arm recipe ``configs/train/arm/chunk_l1.yaml``,
+     the packaged ImageNet EfficientNet-Lite0 frozen, without language since ACT reads no
+     instruction), trained on the same dataset, cameras and batch size. The frozen encoder's
+     feature cache is built in the budget (the encoding counts) unless an earlier run left it.
+   - ``student``: the camera student of ``robopolicy refine --method distill``
+     (``student_recipe``, with its instruction), trained the same way; its latency at batch 1 on
+     the same frames is the figure that matters.
 3. Evaluation in our env, the same seeds for all (``robopolicy.eval``); lerobot's policies run
    through their own ``select_action`` (their action queues decide the chunk execution).
-4. Latency per chunk at batch 1 on the CPU, same image size: ACT ``predict_action_chunk``,
-   Diffusion one chunk generation, ours ``predict`` (encoder included).
+4. Latency per chunk at batch 1 on the CPU (wall clock and CPU time), same image size, the same frames (one env
+   observation): ACT ``predict_action_chunk``, Diffusion one chunk generation, ours ``predict``
+   (encoder and instruction included).
 
-Prints one table plus ratios against ACT and writes ``<out>/vs_lerobot.json``.
+Prints one table plus ratios against ACT and writes ``<out>/repeat_<repeat>/vs_lerobot.json``.
+``repeat`` numbers independent runs of the same settings (training seed ``repeat``, the same eval
+seeds), one a process so that each fits its time; every run writes ``<out>/summary.json`` over the
+repeats present so far: the median of each figure, the ratios of the medians, every repeat's
+numbers and the load average around each.
 Goals (issue 4): our latency <= 0.25x ACT's, our training samples/s >= 10x ACT's, our success >= ACT's.
 """
 
@@ -54,11 +67,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from robopolicy.config import load_config, load_yaml  # noqa: E402
+from robopolicy.config import deep_merge, load_config, load_yaml  # noqa: E402
 from robopolicy.envs import EnvConfig  # noqa: E402
 from robopolicy.utils.records import write_summary  # noqa: E402
 
 WARMUP_STEPS = 5
+DEFAULT_RECIPE = "configs/train/arm/chunk_l1.yaml"
+STUDENT_RECIPE = "configs/train/arm/distill_student.yaml"
+OURS = ("ours", "student")
 
 
 @dataclass
@@ -74,9 +90,15 @@ class BenchConfig:
     """The camera(s) every policy sees (``front``, ``front+wrist``); ``none``: a state-based
     comparison (see 1. above)."""
     recipe: str | None = None
-    """A train config of ours (e.g. ``configs/train/arm/reach_cam.yaml``) to train instead of the
-    default recipe; the bench sets its dataset, cameras, batch size, steps and output."""
+    """A train config of ours (e.g. ``configs/train/arm/reach_cam.yaml``) to train as ``ours``;
+    None: ``configs/train/arm/chunk_l1.yaml`` without language (with ``camera=none``, the state
+    recipe below). The bench sets its dataset, cameras, batch size, steps and output."""
+    student_recipe: str = STUDENT_RECIPE
+    """The train config of the policy ``student`` (the camera student of distillation)."""
     policies: list[str] = field(default_factory=lambda: ["ours", "act", "diffusion"])
+    """Any of ``ours``, ``student``, ``act``, ``diffusion``."""
+    repeat: int = 0
+    """Which repeat this run is (training seed; ``<out>/repeat_<repeat>/``)."""
     budget_s: float = 300.0
     """Training wall clock per policy (data loading / feature encoding included)."""
     batch_size: int = 8
@@ -263,34 +285,37 @@ def steady_rate(metrics_csv: Path, fallback: float) -> float:
     return statistics.median(rates[1:]) if len(rates) > 1 else fallback
 
 
-def train_ours(cfg: BenchConfig, root: Path) -> dict[str, Any]:
-    """Our chunk policy for the same wall clock: a short calibration run sets the step count."""
-    from robopolicy.config import build, deep_merge, to_dict
-    from robopolicy.models.policy import Policy
-    from robopolicy.train import TrainConfig, train
-
+def ours_recipe(cfg: BenchConfig, name: str) -> dict[str, Any]:
+    """The train config (as a mapping) of our policy ``name`` on the bench's data, cameras and batch."""
     base = {
-        "name": "vs_lerobot", "out": str(Path(cfg.out) / "ours"), "overwrite": True, "progress": False,
-        "batch_size": cfg.batch_size, "save_every": 0, "log_every": 20, "threads": cfg.threads,
-        "data": {"dataset": str(root), "features": {"cameras": camera_names(cfg.camera)}},
+        "name": f"vs_lerobot_{name}", "out": str(run_dir(cfg) / name), "overwrite": True, "progress": False,
+        "batch_size": cfg.batch_size, "save_every": 0, "log_every": 20, "threads": cfg.threads, "seed": cfg.repeat,
+        "data": {"dataset": str(cfg.dataset), "features": {"cameras": camera_names(cfg.camera)}},
     }
-    if cfg.recipe:  # one of our train configs, on the bench's dataset, cameras and batch
-        recipe = {k: v for k, v in load_yaml(cfg.recipe).items() if k not in ("name", "out", "steps", "save_every", "init_from")}
-        if cfg.camera == "none":
-            recipe.setdefault("data", {}).setdefault("features", {})["env_state"] = "observation.environment_state"
-        base = deep_merge(recipe, base)
+    if name == "student":
+        path, tweak = cfg.student_recipe, {}
+    elif cfg.recipe:
+        path, tweak = cfg.recipe, {}
     elif cfg.camera == "none":  # the shipped state recipe (configs/train/arm/state_chunk.yaml) without language
         base["data"]["features"] = {"cameras": [], "env_state": "observation.environment_state"}
         base["model"] = {"head": "chunk_l1", "horizon": 16, "context_strides": [0], "language": {"enabled": False},
                          "d_model": 128, "n_heads": 4, "n_layers": 3, "head_layers": 2}
-    else:
-        base["model"] = {
-            # the shipped arm recipe (configs/train/arm/chunk_l1.yaml) without language: ResNet-18 read
-            # at layer2 (stride 8) on a 6x6 grid, where ACT runs the whole ResNet-18 and a 512-d transformer
-            "head": "chunk_l1", "horizon": 16, "context_strides": [0], "grid": 6,
-            "encoders": [{"name": "resnet18", "image_size": cfg.image_size, "frozen": True, "stage": 2}],
-            "language": {"enabled": False}, "d_model": 128, "n_heads": 4, "n_layers": 3}
-    data = deep_merge(base, cfg.ours)
+        return deep_merge(base, cfg.ours)
+    else:  # the shipped arm recipe without language: lerobot's ACT reads no instruction
+        path, tweak = DEFAULT_RECIPE, {"model": {"language": {"enabled": False}}}
+    recipe = {k: v for k, v in load_yaml(path).items() if k not in ("name", "out", "steps", "save_every", "init_from")}
+    if cfg.camera == "none":
+        recipe.setdefault("data", {}).setdefault("features", {})["env_state"] = "observation.environment_state"
+    return deep_merge(deep_merge(deep_merge(recipe, tweak), base), cfg.ours if name == "ours" else {})
+
+
+def train_ours(cfg: BenchConfig, root: Path, name: str = "ours") -> dict[str, Any]:
+    """Our chunk policy for the same wall clock: a short calibration run sets the step count."""
+    from robopolicy.config import build, to_dict
+    from robopolicy.models.policy import Policy
+    from robopolicy.train import TrainConfig, train
+
+    data = deep_merge(ours_recipe(cfg, name), {"data": {"dataset": str(root)}})
     t_start = time.perf_counter()
     calib = build(TrainConfig, deep_merge(data, {"steps": 30, "log_every": 10, "out": data["out"] + "_calib"}),
                   "<bench ours calibration>")
@@ -307,6 +332,8 @@ def train_ours(cfg: BenchConfig, root: Path) -> dict[str, Any]:
             "first_loss": r.first_losses.get("total"), "last_loss": r.last_losses.get("total"),
             "params": sum(p.numel() for p in policy.parameters()),
             "trainable_params": sum(p.numel() for p in policy.parameters() if p.requires_grad),
+            "encoders": [e.get("name") for e in data.get("model", {}).get("encoders", [])],
+            "weights": [e.get("weights") for e in data.get("model", {}).get("encoders", [])],
             "config": to_dict(run)}
 
 
@@ -324,29 +351,32 @@ def sample_observation(cfg: BenchConfig) -> dict[str, Any]:
     return to_policy_batch(batched)
 
 
-def chunk_latency_ms(name: str, entry: dict[str, Any], obs: dict[str, Any], repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds to produce one chunk at batch 1, after ``warmup`` untimed calls (the first
-    calls at a new input shape are several times slower on a CPU)."""
-    times = []
+def chunk_latency_ms(name: str, entry: dict[str, Any], obs: dict[str, Any], repeats: int,
+                     warmup: int = 3) -> tuple[float, float]:
+    """Median milliseconds to produce one chunk at batch 1, wall clock and this process's CPU time,
+    after ``warmup`` untimed calls (the first calls at a new input shape are several times slower on
+    a CPU). On a machine shared with other work the CPU time is the steadier of the two."""
+    times, cpu = [], []
     with torch.inference_mode():
         for i in range(repeats + warmup):
-            if name == "ours":
+            if name in OURS:
                 policy = entry["policy"]
                 policy.reset()
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 policy.predict(obs)
             else:
                 policy, pre, camera = entry["policy"], entry["pre"], entry["camera"]
                 batch = pre(lerobot_batch(obs, camera))
                 policy.reset()
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 if name == "act":
                     policy.predict_action_chunk(batch)
                 else:
                     policy.select_action(batch)  # an empty queue: generates one chunk
             if i >= warmup:
                 times.append(time.perf_counter() - t)
-    return 1000.0 * statistics.median(times)
+                cpu.append(time.process_time() - c)
+    return 1000.0 * statistics.median(times), 1000.0 * statistics.median(cpu)
 
 
 def evaluate_policy(name: str, entry: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
@@ -355,13 +385,13 @@ def evaluate_policy(name: str, entry: dict[str, Any], cfg: BenchConfig) -> dict[
     episodes = cfg.episodes
     if name == "diffusion" and cfg.diffusion_eval_episodes is not None:
         episodes = min(episodes, cfg.diffusion_eval_episodes)
-    if name == "ours":
+    if name in OURS:
         policy, chunk = entry["policy"], ChunkConfig(mode="chunk", steps_per_chunk=8)
     else:
         policy = LerobotEvalPolicy(entry["policy"], entry["pre"], entry["post"], cfg.camera)
         chunk = ChunkConfig(mode="chunk", steps_per_chunk=1)
     ecfg = EvalConfig(env=cfg.env, episodes=episodes, workers=min(cfg.eval_workers, episodes), seed=cfg.seed,
-                      image_size=None if cfg.camera == "none" else cfg.image_size, chunk=chunk, videos=1, out=str(Path(cfg.out) / f"eval_{name}"),
+                      image_size=None if cfg.camera == "none" else cfg.image_size, chunk=chunk, videos=1, out=str(run_dir(cfg) / f"eval_{name}"),
                       checkpoint=name)
     report = evaluate(policy, ecfg)
     return report.splits[0].summary
@@ -373,61 +403,135 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
-def main(argv: list[str]) -> int:
-    started = time.time()
-    cfg = load_config(BenchConfig, None, argv)
-    if cfg.lerobot_amp not in ("none", "bf16"):
-        raise SystemExit(f"lerobot_amp must be 'none' or 'bf16', got {cfg.lerobot_amp!r}")
-    torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    root = ensure_dataset(cfg)
-    obs = sample_observation(cfg)
-    rows: dict[str, dict[str, Any]] = {}
-    for name in cfg.policies:
-        print(f"\n[bench] === {name}: training for {cfg.budget_s:.0f} s ===", flush=True)
-        entry = train_ours(cfg, root) if name == "ours" else train_lerobot(name, cfg, root)
-        entry["camera"] = cfg.camera
-        slow = name == "diffusion"  # seconds per chunk: one warm-up, one timed call
-        entry["latency_ms"] = chunk_latency_ms(name, entry, obs, 1 if slow else cfg.latency_repeats, 1 if slow else 3)
-        print(f"[bench] {name}: {entry['params'] / 1e6:.1f} M params, {entry['samples_per_s']:.1f} samples/s, "
-              f"{entry['latency_ms']:.1f} ms per chunk", flush=True)
-        entry["eval"] = evaluate_policy(name, entry, cfg)
-        rows[name] = {k: v for k, v in entry.items() if k not in ("policy", "pre", "post", "config")}
+def run_dir(cfg: BenchConfig) -> Path:
+    """Where repeat ``cfg.repeat`` keeps its checkpoints, evaluations and numbers."""
+    return Path(cfg.out) / f"repeat_{cfg.repeat}"
 
+
+def settings(cfg: BenchConfig) -> dict[str, Any]:
+    """What every repeat of one comparison shares (the config but the repeat index)."""
+    return {k: v for k, v in vars(cfg).items() if k not in ("env", "repeat")} | {"env": vars(cfg.env)}
+
+
+def repeat_table(rows: dict[str, dict[str, Any]]) -> str:
+    """One repeat as a markdown table, ratios against ACT."""
     act = rows.get("act", {})
-    head = ["policy", "params M", "train steps", "samples/s", "ms/chunk (B=1)", "episodes", "success %",
+    head = ["policy", "params M", "train steps", "samples/s", "ms/chunk (B=1)", "CPU ms/chunk", "episodes", "success %",
             "samples/s vs ACT", "latency vs ACT"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in rows.items():
         ev = r["eval"]
         lines.append("| " + " | ".join([
             name, f"{r['params'] / 1e6:.1f}", str(r["steps"]), f"{r['samples_per_s']:.1f}", f"{r['latency_ms']:.1f}",
-            str(ev.get("episodes")), f"{100 * ev.get('success_rate', 0.0):.0f}",
+            f"{r['latency_cpu_ms']:.1f}", str(ev.get("episodes")), f"{100 * ev.get('success_rate', 0.0):.0f}",
             _ratio(r["samples_per_s"], act.get("samples_per_s")), _ratio(r["latency_ms"], act.get("latency_ms")),
         ]) + " |")
-    table = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def read_repeats(cfg: BenchConfig) -> list[dict[str, Any]]:
+    """The repeats under ``cfg.out`` run with the same settings as this one, by repeat index."""
+    found = []
+    for path in sorted(Path(cfg.out).glob("repeat_*/vs_lerobot.json")):
+        saved = json.loads(path.read_text())
+        if json.loads(json.dumps(saved.get("config"), default=str)) != json.loads(json.dumps(settings(cfg), default=str)):
+            print(f"[bench] {path}: other settings, left out of the summary")
+            continue
+        found.append(saved)
+    return sorted(found, key=lambda r: r["repeat"])
+
+
+def summarise(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repeats: each policy's samples/s and latency, and the ratios against ACT
+    (the median of the per-repeat ratios: ours and ACT of one repeat ran under the same load)."""
+    metrics: dict[str, Any] = {"repeats": len(repeats), "load_average": [r["load_average"] for r in repeats]}
+    names = [n for n in repeats[0]["results"] if all(n in r["results"] for r in repeats)]
+    for name in names:
+        runs = [r["results"][name] for r in repeats]
+        wins = sum(round(x["eval"].get("success_rate", 0.0) * x["eval"].get("episodes", 0)) for x in runs)
+        episodes = sum(int(x["eval"].get("episodes", 0)) for x in runs)
+        metrics[f"{name}_samples_per_s"] = round(statistics.median(x["samples_per_s"] for x in runs), 2)
+        metrics[f"{name}_ms_per_chunk"] = round(statistics.median(x["latency_ms"] for x in runs), 2)
+        metrics[f"{name}_cpu_ms_per_chunk"] = round(statistics.median(x["latency_cpu_ms"] for x in runs), 2)
+        metrics[f"{name}_success"] = f"{wins} of {episodes}"
+        metrics[f"{name}_params_m"] = round(runs[0]["params"] / 1e6, 2)
+        metrics[name] = {"samples_per_s": [x["samples_per_s"] for x in runs], "ms_per_chunk": [x["latency_ms"] for x in runs],
+                         "cpu_ms_per_chunk": [x["latency_cpu_ms"] for x in runs],
+                         "steps": [x["steps"] for x in runs], "success_rate": [x["eval"].get("success_rate") for x in runs],
+                         **{k: runs[0][k] for k in ("encoders", "weights", "trainable_params") if k in runs[0]}}
+        if name != "act" and "act" in names:
+            speed = [x["samples_per_s"] / r["results"]["act"]["samples_per_s"] for x, r in zip(runs, repeats)]
+            latency = [x["latency_ms"] / r["results"]["act"]["latency_ms"] for x, r in zip(runs, repeats)]
+            cpu = [x["latency_cpu_ms"] / r["results"]["act"]["latency_cpu_ms"] for x, r in zip(runs, repeats)]
+            prefix = "" if name == "ours" else f"{name}_"
+            metrics[f"{prefix}samples_per_s_ratio"] = round(statistics.median(speed), 2)
+            metrics[f"{prefix}latency_ratio"] = round(statistics.median(latency), 3)
+            metrics[f"{prefix}latency_cpu_ratio"] = round(statistics.median(cpu), 3)
+            metrics[name] |= {"samples_per_s_ratio": [round(v, 3) for v in speed], "latency_ratio": [round(v, 4) for v in latency],
+                              "latency_cpu_ratio": [round(v, 4) for v in cpu]}
+    return metrics
+
+
+def main(argv: list[str]) -> int:
+    started = time.time()
+    cfg = load_config(BenchConfig, None, argv)
+    if cfg.lerobot_amp not in ("none", "bf16"):
+        raise SystemExit(f"lerobot_amp must be 'none' or 'bf16', got {cfg.lerobot_amp!r}")
+    unknown = [p for p in cfg.policies if p not in (*OURS, "act", "diffusion")]
+    if unknown:
+        raise SystemExit(f"policies: unknown {unknown}; expected any of ours, student, act, diffusion")
+    torch.set_num_threads(cfg.threads)
+    out = run_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    root = ensure_dataset(cfg)
+    obs = sample_observation(cfg)
+    load_before = os.getloadavg()
+    rows: dict[str, dict[str, Any]] = {}
+    for name in cfg.policies:
+        print(f"\n[bench] === {name}: training for {cfg.budget_s:.0f} s ===", flush=True)
+        torch.manual_seed(cfg.repeat)
+        entry = train_ours(cfg, root, name) if name in OURS else train_lerobot(name, cfg, root)
+        entry["camera"] = cfg.camera
+        slow = name == "diffusion"  # seconds per chunk: one warm-up, one timed call
+        entry["latency_ms"], entry["latency_cpu_ms"] = chunk_latency_ms(name, entry, obs, 1 if slow else cfg.latency_repeats, 1 if slow else 3)
+        print(f"[bench] {name}: {entry['params'] / 1e6:.1f} M params, {entry['samples_per_s']:.1f} samples/s, "
+              f"{entry['latency_ms']:.1f} ms per chunk ({entry['latency_cpu_ms']:.1f} ms CPU)", flush=True)
+        entry["eval"] = evaluate_policy(name, entry, cfg)
+        rows[name] = {k: v for k, v in entry.items() if k not in ("policy", "pre", "post", "config")}
+    load_after = os.getloadavg()
+
+    table = repeat_table(rows)
     seen = "no camera (joint + scene state)" if cfg.camera == "none" else \
         f"{cfg.image_size}px camera(s) {'+'.join(camera_names(cfg.camera))}"
-    if cfg.recipe:
-        seen += f", ours: {cfg.recipe}"
+    seen += f", ours: {cfg.recipe or DEFAULT_RECIPE}"
     amp_ours = cfg.ours.get("amp") or (load_yaml(cfg.recipe).get("amp") if cfg.recipe else None) or "none"
     seen += f", autocast: ours {amp_ours}, lerobot {cfg.lerobot_amp}"
     print(f"\n{cfg.env.label()}, {cfg.demos} demos, {seen}, "
-          f"{cfg.budget_s:.0f} s of training each, batch {cfg.batch_size}, {torch.get_num_threads()} CPU threads\n")
+          f"{cfg.budget_s:.0f} s of training each, batch {cfg.batch_size}, {torch.get_num_threads()} CPU threads, "
+          f"repeat {cfg.repeat}, load average {load_before[0]:.1f} -> {load_after[0]:.1f}\n")
     print(table)
-    if "ours" in rows and act:
-        o = rows["ours"]
-        print(f"\ngoals: latency {o['latency_ms'] / act['latency_ms']:.2f}x ACT (<= 0.25), "
-              f"samples/s {o['samples_per_s'] / max(act['samples_per_s'], 1e-9):.1f}x ACT (>= 10), "
-              f"success {100 * o['eval']['success_rate']:.0f}% vs ACT {100 * act['eval']['success_rate']:.0f}% (>=)")
-    (out / "vs_lerobot.json").write_text(json.dumps({"config": {k: v for k, v in vars(cfg).items() if k != "env"}
-                                                     | {"env": vars(cfg.env)}, "results": rows, "table": table},
-                                                    indent=2, default=str) + "\n")
-    write_summary(out, kind="bench", config=cfg, seeds=[cfg.seed],
-                  episodes=cfg.episodes, started_at=started, extra={"bench": "vs_lerobot"},
-                  metrics={name: {k: v for k, v in r.items() if isinstance(v, (int, float, str, dict))} for name, r in rows.items()})
-    print(f"\nresults: {out / 'vs_lerobot.json'}, {out / 'summary.json'}")
+    (out / "vs_lerobot.json").write_text(json.dumps({
+        "config": settings(cfg), "repeat": cfg.repeat, "started_at": started, "wall_time_s": time.time() - started,
+        "load_average": {"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in load_after]},
+        "results": rows, "table": table}, indent=2, default=str) + "\n")
+
+    repeats = read_repeats(cfg)
+    metrics = summarise(repeats)
+    print(f"\nover {len(repeats)} repeat(s), medians:")
+    for name in (n for n in OURS if f"{n}_ms_per_chunk" in metrics and "act_ms_per_chunk" in metrics):
+        prefix = "" if name == "ours" else f"{name}_"
+        print(f"  {name}: latency {metrics[f'{prefix}latency_ratio']:.3f}x ACT (goal <= 0.25; "
+              f"{metrics[f'{name}_ms_per_chunk']:.1f} vs {metrics['act_ms_per_chunk']:.1f} ms), "
+              f"CPU time {metrics[f'{prefix}latency_cpu_ratio']:.3f}x ACT "
+              f"({metrics[f'{name}_cpu_ms_per_chunk']:.1f} vs {metrics['act_cpu_ms_per_chunk']:.1f} ms), "
+              f"samples/s {metrics[f'{prefix}samples_per_s_ratio']:.1f}x ACT "
+              f"({metrics[f'{name}_samples_per_s']:.1f} vs {metrics['act_samples_per_s']:.1f}), "
+              f"success {metrics[f'{name}_success']} vs ACT {metrics['act_success']}")
+    write_summary(Path(cfg.out), kind="bench", config=settings(cfg), seeds=[cfg.seed], episodes=cfg.episodes,
+                  started_at=min(r["started_at"] for r in repeats),
+                  wall_time_s=sum(r["wall_time_s"] for r in repeats),
+                  extra={"bench": "vs_lerobot", "repeats": [r["repeat"] for r in repeats]}, metrics=metrics)
+    print(f"\nresults: {out / 'vs_lerobot.json'}, {Path(cfg.out) / 'summary.json'}")
     return 0
 
 
