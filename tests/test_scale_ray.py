@@ -247,3 +247,13 @@ def test_a_saved_camera_policy_with_temporal_context_evaluates_on_ray_as_locally
         [(e["seed"], e["steps"], e["success"]) for e in local.episodes]
     np.testing.assert_allclose([e["return"] for e in remote.episodes], [e["return"] for e in local.episodes],
                                rtol=1e-4)
+
+
+def test_workers_that_a_local_ray_cannot_place_are_not_asked_for(local_ray):
+    from robopolicy.scale.ray_backend import RayConfig, fit_workers
+
+    lines: list[str] = []
+    assert fit_workers(RayConfig(), 2, lines.append) == 2 and not lines
+    assert fit_workers(RayConfig(), 5, lines.append) == 2  # the fixture's Ray has 2 CPUs
+    assert "running 2" in lines[-1]
+    assert fit_workers(RayConfig(num_cpus_per_worker=0.5), 5, lines.append) == 4

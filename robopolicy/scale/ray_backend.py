@@ -49,6 +49,24 @@ def require_ray():
     return ray
 
 
+def fit_workers(cfg: RayConfig, workers: int, log: Callable[[str], None] = print) -> int:
+    """``workers``, or on a Ray started here (``address`` None) as many as its CPUs hold at
+    ``num_cpus_per_worker`` each: an actor that cannot be placed would wait forever with its work.
+    On a cluster the request stands (an autoscaler may add nodes), with a warning when it does not fit."""
+    ray = init_ray(cfg)
+    cpus = float(ray.cluster_resources().get("CPU", 0.0))
+    fits = max(1, int(cpus // cfg.num_cpus_per_worker)) if cfg.num_cpus_per_worker > 0 else workers
+    if workers <= fits:
+        return workers
+    if cfg.address is None:
+        log(f"[ray] {workers} workers at {cfg.num_cpus_per_worker:g} CPU each do not fit the {cpus:g} CPUs of the "
+            f"local Ray: running {fits} (the episodes do not depend on the worker count)")
+        return fits
+    log(f"[ray] {workers} workers at {cfg.num_cpus_per_worker:g} CPU each need more than the cluster's {cpus:g} "
+        f"CPUs now: the rest start when nodes join")
+    return workers
+
+
 def init_ray(cfg: RayConfig):
     """``ray.init`` once per process (local by default, ``cfg.address`` for a cluster); the module."""
     ray = require_ray()
@@ -213,7 +231,7 @@ class RolloutPool:
         self._weights = None
         self.threads = int(threads)
         self.stats = PoolStats()
-        self._idle = [self._new() for _ in range(max(1, int(workers)))]
+        self._idle = [self._new() for _ in range(fit_workers(self.ray_cfg, max(1, int(workers))))]
 
     @property
     def size(self) -> int:
@@ -322,6 +340,7 @@ def collect_on_ray(ray_cfg: RayConfig, workers: int, env: dict, root, features: 
         for leftover in (Path(root) / STAGING_DIR).glob(f"{CollectActor.TAG}-seed{seed}-*"):
             shutil.rmtree(leftover, ignore_errors=True)
 
-    return run_pool(lambda: remote.remote(*args), lambda actor, seed: actor.stage.remote(seed), seeds, workers,
+    return run_pool(lambda: remote.remote(*args), lambda actor, seed: actor.stage.remote(seed), seeds,
+                    fit_workers(ray_cfg, workers),
                     lambda seed, staged: on_result(staged), on_lost=lost,
                     on_error=lambda seed, exc: errors.append(f"seed {seed}: {exc}"))
