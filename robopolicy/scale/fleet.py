@@ -26,7 +26,6 @@ checkpoint (and ``train.original``) must be readable where the actors (and the d
 
 from __future__ import annotations
 
-import csv
 import os
 import time
 from dataclasses import dataclass, field
