@@ -101,3 +101,17 @@ def test_planned_checkpoint_without_a_world_model_is_refused(tmp_path):
     (tmp_path / "config.yaml").write_text("type: planned\n")
     with pytest.raises(WorldModelError, match="needs type: planned and world: DIR"):
         PlannedPolicy.load(tmp_path)
+
+
+def test_the_policy_worker_serves_a_planned_checkpoint(tmp_path):
+    from pathlib import Path
+
+    import numpy as np
+
+    from robopolicy.deploy.worker import load_checkpoint
+
+    WorldModel(4, 2, WorldModelConfig(latent_dim=16, hidden=[32], num_q=2)).save(tmp_path / "world")
+    PlannedPolicy.write(tmp_path / "plan", tmp_path / "world", None, MPPIConfig(samples=8, elites=2, iterations=1))
+    worker_policy = load_checkpoint(Path(tmp_path / "plan"), dt=0.1)
+    chunk = worker_policy.predict({"observation.state": np.full(4, 0.5, np.float32), "task": ""}, 0.0)
+    assert chunk.shape == (8, 2) and np.isfinite(chunk).all()

@@ -140,7 +140,8 @@ class PlannedPolicy:
     """A policy whose chunks MPPI refines in a world model: ``predict(obs) → (B, H, A)``, ``reset()``.
 
     Without a base the nominal chunk is the world model's policy prior. A checkpoint of ``type: planned``
-    is a ``config.yaml`` naming ``base`` (a policy checkpoint, or null), ``world`` and ``mppi``; eval and
+    is a ``config.yaml`` naming ``base`` (a policy checkpoint, or null), ``world`` and ``mppi`` (and a copy
+    of the base run's ``train_config.yaml``, whose dataset tells the worker the control rate); eval and
     the policy worker load it through ``load_policy`` like any other policy.
     """
 
@@ -158,7 +159,10 @@ class PlannedPolicy:
         nominal = None
         if self.base is not None:
             nominal = torch.as_tensor(self.base.predict(obs), dtype=torch.float32).cpu()
-        return self.planner.plan(torch.as_tensor(obs["observation.state"], dtype=torch.float32).cpu(), nominal)
+        states = torch.as_tensor(obs["observation.state"], dtype=torch.float32).cpu()
+        if states.ndim == 1:  # the policy worker's single observation
+            states = states[None]
+        return self.planner.plan(states, nominal)
 
     def reset(self, rows: list[int] | None = None) -> None:
         if self.base is not None:
@@ -183,6 +187,10 @@ class PlannedPolicy:
         meta = {"type": CHECKPOINT_TYPE, "world": str(world), "base": None if base is None else str(base),
                 "mppi": to_dict(cfg or MPPIConfig())}
         atomic_write_text(directory / CONFIG_FILE, yaml.safe_dump(meta, sort_keys=False))
+        for run in ([Path(base), Path(base).parent, Path(base).parent.parent] if base else []):
+            if (run / "train_config.yaml").is_file():  # the base's control rate (its dataset's fps), for the worker
+                atomic_write_text(directory / "train_config.yaml", (run / "train_config.yaml").read_text())
+                break
         return directory
 
     @classmethod
