@@ -83,3 +83,22 @@ def test_refine_refuses_a_world_model_of_another_env(tmp_path, capsys):
     code = main(["refine", "--method", "world-model", "--env", "robopolicy/PointReach-v0", "--out", str(tmp_path / "r"),
                  f"world={tmp_path / 'm'}", "iterations=1"])
     assert code == 1 and "state 6 / action 2, the env has state 4 / action 2" in capsys.readouterr().out
+
+
+def test_a_diverged_model_stops_the_refinement_logged_and_bounded(tmp_path, capsys):
+    """NaN in the model: the loop stops at once with the reason logged and recorded, no NaN checkpoint is written."""
+    from robopolicy.cli import main
+
+    model = WorldModel(4, 2, SMALL)
+    with torch.no_grad():
+        model._reward[-1].bias.fill_(float("nan"))
+    model.save(tmp_path / "m")
+    out = tmp_path / "run"
+    code = main(["refine", "--method", "world-model", "--env", "robopolicy/PointReach-v0", "--out", str(out),
+                 f"world={tmp_path / 'm'}", "seed_episodes=1", "pretrain_steps=2", "iterations=3", "eval_episodes=2",
+                 "batch_size=8", "threads=1"])
+    assert code == 0
+    metrics = json.loads((out / "summary.json").read_text())["metrics"]
+    assert "diverged" in metrics["stopped"] and metrics["checkpoint"] is None and not (out / "final").exists()
+    assert metrics["env_steps"] <= 50  # only the seed episode ran
+    assert "stopped after" in capsys.readouterr().out

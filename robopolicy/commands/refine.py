@@ -174,8 +174,9 @@ def cmd_refine(args: argparse.Namespace) -> int:
             rows = [("start", s["before"]), ("after world-model refinement", s["after"])]
             if s["best"] > s["after"]:
                 rows.append((f"best evaluation ({s['best_env_steps']} env steps; {s['best_checkpoint']})", s["best"]))
-            extra = (f"env steps to 80% success: {_steps_to(s['steps_to_80'])}; "
-                     f"ensemble disagreement {s['disagreement']:.4f}")
+            extra = (f"env steps to 80% success: {_steps_to(s['steps_to_80'])}; ensemble disagreement "
+                     + ("n/a" if s["disagreement"] is None else f"{s['disagreement']:.4f}")
+                     + (f"; stopped: {s['stopped']}" if s["stopped"] else ""))
         else:
             from robopolicy.refine import rpd
 

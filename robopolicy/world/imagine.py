@@ -22,7 +22,8 @@ simulator only evaluates).
 Writes ``<out>/final`` (the refined world model: its ``pi`` is the policy), ``<out>/best`` (the
 model at the best evaluation: imagination can exploit the model's errors later on), ``curve.csv``
 (success against simulator steps) and ``summary.json``. The policy here is the whole policy (no
-base); an imagined rollout that turns non-finite stops the run with an error.
+base). A loss or an imagined return that turns non-finite stops the loop, logged and recorded in
+``stopped``; the summary is still written, and ``final`` only when its weights are finite.
 """
 
 from __future__ import annotations
@@ -203,8 +204,8 @@ def train(cfg: WorldRefineConfig, log=print) -> dict:
     dataset_steps = episodes.num_steps
     before = success_in_sim(model, cfg, cfg.seed + 10**6)
     curve, out = [(0, before)], Path(cfg.out)
-    best = (0, before, None)  # env steps, success, checkpoint of the best evaluation so far
-    try:
+    best, stopped = (0, before, None), None  # best: env steps, success, checkpoint of the best evaluation so far
+    try:  # a diverged model or imagination stops the loop (logged, recorded); what was learnt before is kept
         for _ in range(0 if cfg.offline else cfg.seed_episodes):
             episode, steps = rollout(model, env, cfg.seed + sim_steps, cfg, rng, random=True)
             episodes.add(*episode)
@@ -232,16 +233,20 @@ def train(cfg: WorldRefineConfig, log=print) -> dict:
                 if cfg.progress:
                     log(f"iteration {it}: {sim_steps} env steps, success {100 * success:.1f}%, imagined return "
                         f"{stats['imagined_return']:.3f}, disagreement {stats['disagreement']:.4f}")
+    except WorldModelError as exc:
+        stopped = str(exc)
+        log(f"stopped after {sim_steps} env steps: {exc}")
     finally:
         env.close()
-    checkpoint = model.save(out / "final")
+    finite = all(torch.isfinite(p).all() for p in model.state_dict().values())
+    checkpoint = model.save(out / "final") if finite else best[2]  # never a NaN checkpoint
     atomic_write_text(out / "curve.csv", "\n".join(rows) + "\n")
     after = curve[-1][1]
     reached = next((steps for steps, s in curve if s >= 0.8), None)
     metrics = {"before": before, "after": after, "env_steps": sim_steps, "steps_to_80": reached,
                "disagreement": stats.get("disagreement"), "imagined_return": stats.get("imagined_return"),
-               "dataset_steps": dataset_steps, "checkpoint": str(checkpoint), "best": best[1],
-               "best_env_steps": best[0], "best_checkpoint": best[2], "curve": curve}
+               "dataset_steps": dataset_steps, "checkpoint": None if checkpoint is None else str(checkpoint), "best": best[1],
+               "best_env_steps": best[0], "best_checkpoint": best[2], "curve": curve, "stopped": stopped}
     write_summary(out, kind="refine", config=cfg, seeds=[cfg.seed], episodes=cfg.eval_episodes, metrics=metrics,
                   started_at=started)
     return {**metrics, "seconds": time.time() - started}
