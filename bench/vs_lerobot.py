@@ -47,6 +47,7 @@ seeds), one a process so that each fits its time; every run writes ``<out>/summa
 repeats present so far: the median of each figure, the ratios of the medians, every repeat's
 numbers and the load average around each.
 Goals (issue 4): our latency <= 0.25x ACT's, our training samples/s >= 10x ACT's, our success >= ACT's.
+Goal (issue 53): the camera student's batch-1 latency on the CPU <= 0.25x ACT's on the same frames.
 """
 
 from __future__ import annotations
