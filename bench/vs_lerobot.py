@@ -118,7 +118,7 @@ class BenchConfig:
     """Denoising steps per Diffusion chunk at inference; ``None``: lerobot's default (100)."""
     latency_repeats: int = 5
     ours: dict[str, Any] = field(default_factory=dict)
-    """Overrides of our ``TrainConfig`` (e.g. ``{model: {horizon: 16}}``)."""
+    """Overrides of the ``TrainConfig`` of ``ours`` (not ``student``), e.g. ``{model: {horizon: 16}}``."""
     threads: int = 2
     out: str = "outputs/bench/vs_lerobot"
 
