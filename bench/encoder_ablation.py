@@ -99,6 +99,8 @@ def run_arm(arm: str, args, log=print) -> dict:
         # steady rate: the first interval carries one-off costs (the sentence model loading, workers starting)
         steps_per_s = steady_rate(probe.out / "metrics.csv", probe.samples_per_s) / 32.0  # the recipe's batch
         steps = max(args.probe_steps, int(args.budget_s * steps_per_s))
+        if arm in args.steps_for:  # a rate measured over a whole earlier run of this arm
+            steps = args.steps_for[arm]
         log(f"[ablation] {arm}: {steps_per_s:.2f} steps/s in the probe -> {steps} steps for {args.budget_s:.0f} s")
         result = _train(arm, args, steps, work / "train", log)
     ecfg = load_config(EvalConfig, None, [
@@ -136,7 +138,11 @@ def main() -> int:
     p.add_argument("--work", default="outputs/bench/encoder_ablation")
     p.add_argument("--results", default="results/vision")
     p.add_argument("--reuse", action="store_true", help="evaluate an arm already trained under --work as it is")
+    p.add_argument("--steps-for", nargs="*", default=[], metavar="ARM=STEPS",
+                   help="fix an arm's steps instead of the probe's estimate (the probe's rate misleads when the "
+                        "load changes between the probe and the run)")
     args = p.parse_args()
+    args.steps_for = {k: int(v) for k, v in (item.split("=", 1) for item in args.steps_for)}
 
     from robopolicy.utils.files import atomic_write_text
     from robopolicy.utils.records import build_summary
