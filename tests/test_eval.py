@@ -137,6 +137,18 @@ def test_person_follow_waypoints_go_through_the_follower_and_tracking_metrics(tm
                                               videos=0, chunk=ChunkConfig(mode="ensemble")), save=False)
 
 
+def test_an_evaluation_step_cap_still_gives_person_follow_its_episode_metrics(tmp_path):
+    # the evaluation's own cap (EvalConfig.max_steps), shorter than the env's: the env is asked for
+    # its metrics as of the cut, so the split's summary is complete
+    cfg = EvalConfig(env=EnvConfig("robopolicy/PersonFollow-v0", {"max_steps": 40}), splits=["dt"], episodes=2,
+                     workers=1, videos=0, out=str(tmp_path / "pf"), image_size=32, render_size=48, progress=False,
+                     max_steps=7)
+    report = evaluate(ArcPolicy(v=0.0), cfg, log=lambda m: None)
+    metrics = [e["episode_metrics"] for e in report.splits[0].episodes]
+    assert all(m["steps"] == 7 for m in metrics)
+    assert report.splits[0].summary == summarize_episodes(metrics)
+
+
 def test_wrong_action_dimension_names_the_problem(tmp_path):
     with pytest.raises(ValueError, match="2-D actions but ArmReach-v0 takes actions of shape \\(6,\\)"):
         evaluate(ConstantPolicy(np.zeros(2)), arm_cfg(tmp_path), log=lambda m: None, save=False)

@@ -190,8 +190,11 @@ class EvalEpisode(gymnasium.Wrapper):
         key, flag = success_flag(info)
         if key is not None:
             self._success_key, self._ever_succeeded = key, self._ever_succeeded or flag
-        if self.max_steps is not None and self._steps >= self.max_steps:
+        if self.max_steps is not None and self._steps >= self.max_steps and not (terminated or truncated):
             truncated = True
+            now = getattr(self.env.unwrapped, "episode_metrics_now", None)
+            if now is not None and "episode_metrics" not in info:
+                info = dict(info, episode_metrics=now(info))
         if not (terminated or truncated):
             return obs, reward, False, False, {}
         self._done = True

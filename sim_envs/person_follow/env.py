@@ -630,6 +630,12 @@ class PersonFollowEnv(gymnasium.Env):
             "is_success": bool(sm["success"]),
         }
 
+    def episode_metrics_now(self, info: dict) -> dict:
+        """The episode metrics as if the episode ended at this step, for a caller that ends it
+        early (an evaluation's own step cap); ``info`` is this step's info."""
+        self._finish(info)
+        return info["episode_metrics"]
+
     def _finish(self, info: dict):
         sm = info["metrics"]
         info["episode_metrics"] = M.episode_metrics(
