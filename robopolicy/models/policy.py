@@ -12,7 +12,9 @@ Observation batch (what the env emits, optionally batched): ``observation.images
 uint8 ``(B, H, W, 3)`` or ``(H, W, 3)`` (numpy or torch; ``(B, 3, H, W)`` also accepted),
 ``observation.state`` ``(B, D)`` or ``(D,)``, ``task`` a string or a list of B strings, and for
 a policy trained with a scene state (``env_state_dim > 0``) ``observation.environment_state``
-``(B, E)``. A policy may have no camera at all (``cameras: []``): a state-based policy over
+``(B, E)``. A policy conditioned on the operator's rating (``condition_on_rating``) also reads
+``rating`` (``good``, ``bad``, ``unrated``, or one per row), ``good`` when the observation has none.
+A policy may have no camera at all (``cameras: []``): a state-based policy over
 the joint state and the scene state (robomimic's low-dim setting, LeRobot's
 ``observation.environment_state``), e.g. as a fast base for refinement.
 
@@ -48,6 +50,7 @@ from robopolicy.models.aux_heads import GOAL_POS, AuxHeadError, LossBatch, aux_h
 from robopolicy.models.heads import ChunkL1Head, FlowChunkHead, WaypointHead
 from robopolicy.models.language import LanguageConfig, LanguageEncoder
 from robopolicy.models.temporal import ContextTokens, FeatureRingBuffer
+from robopolicy.teleop.ratings import RATING_INDEX, rating_index
 from robopolicy.utils.files import atomic_directory
 
 IMAGE_PREFIX = "observation.images."
@@ -115,6 +118,11 @@ class PolicyConfig:
     horizon: int = 16
     """Chunk length H (chunk heads); waypoint heads predict one set of K waypoints."""
     language: LanguageConfig = field(default_factory=LanguageConfig)
+    condition_on_rating: bool = False
+    """Success conditioning: a learned token for the episode's operator rating (bad, good, unrated;
+    :mod:`robopolicy.teleop.ratings`) joins the proprio tokens. Trained on good and bad episodes
+    alike (the batch's ``rating``), the policy is asked for ``good`` at inference unless the
+    observation's ``rating`` names another."""
     d_model: int = 192
     n_heads: int = 4
     n_layers: int = 3
@@ -285,6 +293,7 @@ class Policy(nn.Module):
                          if self.language is not None and cfg.language.tokens else None)
         self.state_proj = nn.Linear(cfg.state_dim, d) if cfg.use_state else None
         self.env_state_proj = nn.Linear(cfg.env_state_dim, d) if cfg.env_state_dim > 0 else None
+        self.rating_embed = nn.Embedding(len(RATING_INDEX), d) if cfg.condition_on_rating else None
         self.backbone = FusionTransformer(d, cfg.n_heads, cfg.n_layers, dropout=cfg.dropout)
         self.head = _main_head(cfg)
         self.aux = nn.ModuleDict()
@@ -379,9 +388,10 @@ class Policy(nn.Module):
 
     def _memory(self, feats: torch.Tensor | None, context_pad: torch.Tensor | None, state: torch.Tensor | None,
                 tasks: list[str] | None, with_language: bool = True, with_state: bool = True,
-                env_state: torch.Tensor | None = None):
+                env_state: torch.Tensor | None = None, rating: torch.Tensor | None = None):
         """Fused memory ``(B, N, d)``, its padding mask ``(B, N)`` and the projected vision tokens
-        ``(B, T, V, n, d)`` (``None`` without cameras)."""
+        ``(B, T, V, n, d)`` (``None`` without cameras). ``rating (B,)``: the rating indices of a
+        rating-conditioned policy (``None``: good); ``with_state`` covers the rating token too."""
         ref = next(self.parameters())
         tok = vision = vpad = None
         if feats is not None:
@@ -408,9 +418,21 @@ class Policy(nn.Module):
             if env_state is None:
                 raise PolicyError(f"the policy reads the scene state: the batch needs {ENV_STATE!r}")
             props.append(self.env_state_proj(self.normalizer.normalize("env_state", env_state.float()))[:, None])
+        if self.rating_embed is not None and with_state:
+            props.append(self._rating_token(rating, props[0] if props else (lang if lang is not None else tok)))
         prop = torch.cat(props, dim=1) if props else None
         memory, pad = self.backbone(vision, lang, prop, vpad, lang_pad)
         return memory, pad, tok
+
+    def _rating_token(self, rating: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+        """The rating token ``(B, 1, d)`` of ``rating`` (``(B,)`` or one for all ``(1,)``; ``None``:
+        good); ``like``: a token tensor of the batch (its size and device)."""
+        b = like.shape[0]
+        if rating is None:
+            rating = torch.tensor([RATING_INDEX["good"]])
+        if rating.ndim != 1 or rating.shape[0] not in (1, b):
+            raise PolicyError(f"'rating' holds {tuple(rating.shape)} ratings for a batch of {b}")
+        return self.rating_embed(rating.to(like.device).long())[:, None].to(like.dtype).expand(b, -1, -1)
 
     # ------------------------------------------------------------------ training
     def losses(self, batch: Mapping[str, Any], weights: Mapping[str, float]) -> dict[str, torch.Tensor]:
@@ -445,9 +467,13 @@ class Policy(nn.Module):
         state, env_state = (v[:, self._t0] if v is not None and v.ndim == 3 else v
                             for v in (batch.get(STATE), batch.get(ENV_STATE)))
         tasks = list(batch["task"]) if "task" in batch else None
+        rating = batch.get("rating")
+        if self.rating_embed is not None and rating is None:
+            raise PolicyError("the policy is conditioned on the rating (model.condition_on_rating): the batch "
+                              "needs 'rating' (the episodes' rating indices, see robopolicy.teleop.ratings)")
 
         def fuse():
-            memory, pad, _ = self._memory(feats, ctx_pad, state, tasks, env_state=env_state)
+            memory, pad, _ = self._memory(feats, ctx_pad, state, tasks, env_state=env_state, rating=rating)
             return memory, pad
 
         return LossBatch(batch, feats, ctx_pad, state, env_state, tasks, fuse)
@@ -496,6 +522,19 @@ class Policy(nn.Module):
             raise PolicyError(f"'task' holds {len(tasks)} instructions for a batch of {b}")
         return tasks
 
+    def _obs_rating(self, obs: Mapping[str, Any]) -> torch.Tensor | None:
+        """The asked-for ratings ``(B,)`` or ``(1,)`` (broadcast): ``obs["rating"]``, one for the batch or one
+        per row; ``None`` (good) when absent or the policy is not conditioned on the rating."""
+        if self.rating_embed is None or obs.get("rating") is None:
+            return None
+        asked = obs["rating"]
+        rows = [asked] if isinstance(asked, (str, bool, int, np.integer, np.bool_)) else list(asked)
+        try:
+            index = torch.tensor([rating_index(r) for r in rows], dtype=torch.long)
+        except ValueError as exc:
+            raise PolicyError(f"observation 'rating': {exc}") from None
+        return index
+
     def _obs_features(self, obs: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
         """Encode the current frame of every camera: ``(B, V, n, C)``. A FiLM-conditioned encoder
         reads the instruction too; the ring buffer then holds features of the episode's instruction
@@ -529,11 +568,13 @@ class Policy(nn.Module):
             self._ring.push(self._obs_features(obs)[0])
 
     def predict(self, obs: Mapping[str, Any], flow_steps: int | None = None) -> torch.Tensor:
-        """Observation batch → ``(B, H, A)`` actions or ``(B, K, 3)`` waypoints in env units (CPU float32)."""
+        """Observation batch → ``(B, H, A)`` actions or ``(B, K, 3)`` waypoints in env units (CPU float32).
+        A rating-conditioned policy acts as in the episodes rated ``obs["rating"]`` (default ``good``)."""
         self.eval()
         with torch.inference_mode():
             ctx, ctx_pad, state, env_state, tasks = self._inputs(obs)
-            memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks, env_state=env_state)
+            rating = self._obs_rating(obs)
+            memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks, env_state=env_state, rating=rating)
             if isinstance(self.head, FlowChunkHead):
                 out = self.head(memory, mpad, steps=flow_steps)
             else:
@@ -552,7 +593,8 @@ class Policy(nn.Module):
             if self.config.locate_head == "mlp":
                 inputs = self._locate_inputs(ctx[:, self._t0], state, tasks)
                 return self.aux["locate"](inputs).float().cpu()
-            memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks, env_state=env_state)
+            memory, mpad, _ = self._memory(ctx, ctx_pad, state, tasks, env_state=env_state,
+                                           rating=self._obs_rating(obs))
             return self.aux["locate"](memory, mpad).float().cpu()
 
     def _inputs(self, obs: Mapping[str, Any]):

@@ -58,6 +58,7 @@ from robopolicy.models.modular import ModularPolicy
 from robopolicy.models.aux_heads import AuxHeadError, head_sizes, required_labels
 from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError, check_io, check_loss_heads
 from robopolicy.scale.ddp import Dist, wrap
+from robopolicy.teleop.ratings import row_ratings, with_ratings
 from robopolicy.utils.files import atomic_write_text
 from robopolicy.utils.records import write_summary
 
@@ -271,6 +272,17 @@ def _episodes(data: DataConfig) -> list[int] | None:
         return rated_episodes(data.dataset, data.rating, data.episodes)
     except ValueError as exc:
         raise ConfigError(f"data.rating: {exc}") from None
+
+
+def _row_ratings(cfg: TrainConfig, ds: TrainingDataset) -> np.ndarray | None:
+    """With ``model.condition_on_rating``, each cache row's rating index (robopolicy.teleop.ratings);
+    ``None`` when the policy is not conditioned on the rating."""
+    if not cfg.model.condition_on_rating:
+        return None
+    try:
+        return row_ratings(cfg.data.dataset, ds.cache.lowdim["episode_index"], ds.episodes)
+    except ValueError as exc:
+        raise ConfigError(f"model.condition_on_rating: {exc}") from None
 
 
 def build_dataset(cfg: TrainConfig, progress: bool = True) -> TrainingDataset:
@@ -493,6 +505,7 @@ def _train(cfg: TrainConfig, log: Callable[[str], None], dist: Dist) -> TrainRes
     weights = loss_weights(cfg)
     with dist.rank_zero_first():  # rank 0 builds the training cache, the others read it
         ds = build_dataset(cfg, progress=cfg.progress and dist.is_main)
+    ratings = _row_ratings(cfg, ds)
     env_key = cfg.data.features.env_state
     model_cfg = model_config_for(cfg.model, ds, env_key)
     policy = Policy(model_cfg, policy_stats(model_cfg, ds, env_key)).to(device)
@@ -519,6 +532,8 @@ def _train(cfg: TrainConfig, log: Callable[[str], None], dist: Dist) -> TrainRes
     batches = _batches(cfg, ds, feats, use_cache, policy.vision is None, cfg.seed + start_step, log, dist.shard)
     if env_key and env_key != ENV_STATE:
         batches = _renamed(batches, env_key, ENV_STATE)
+    if ratings is not None:
+        batches = with_ratings(batches, ratings)
     metrics = MetricsLog(out, resume=latest is not None, log=log) if dist.is_main else None
     t0, started_at = time.perf_counter(), time.time()
     first = run.steps(batches, weights, start_step, metrics)
