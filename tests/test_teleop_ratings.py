@@ -5,11 +5,17 @@ conditioning), asked for ``good`` at inference."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+import yaml
 
 pytest.importorskip("lerobot")
 torch = pytest.importorskip("torch")
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
 import robopolicy.data.recorder  # noqa: E402,F401  (lerobot's dataset stack: loaded once, at collection)
 
 from hardware.teleop import ScriptedTeleop  # noqa: E402
@@ -17,7 +23,8 @@ from robopolicy.config import ConfigError, build, load_yaml  # noqa: E402
 from robopolicy.models.language import LanguageConfig  # noqa: E402
 from robopolicy.models.loading import load_policy  # noqa: E402
 from robopolicy.models.policy import Policy, PolicyConfig, PolicyError  # noqa: E402
-from robopolicy.teleop.ratings import RATING_INDEX, episode_ratings, rated_episodes, rating_index, row_ratings  # noqa: E402
+from robopolicy.teleop.ratings import (RATING_INDEX, episode_ratings, rated_episodes, rating_index,  # noqa: E402
+                                       row_ratings)
 from robopolicy.teleop.session import TeleopConfig, record_session  # noqa: E402
 from robopolicy.train.trainer import TrainConfig, build_dataset, train  # noqa: E402
 
@@ -108,7 +115,8 @@ def test_a_rating_conditioned_policy_trains_on_good_and_bad_episodes(rated_datas
     assert torch.equal(default, good)  # asked for good unless told otherwise
     assert not torch.allclose(good, bad, atol=1e-6) and not torch.allclose(good, unrated, atol=1e-6)
     per_row = policy.predict({**obs, "rating": ["bad", "good", "bad"]})
-    assert torch.allclose(per_row[1], good[1]) and torch.allclose(per_row[0], bad[0]) and torch.allclose(per_row[2], bad[2])
+    assert torch.allclose(per_row[1], good[1])
+    assert torch.allclose(per_row[[0, 2]], bad[[0, 2]])
     with pytest.raises(PolicyError, match="observation 'rating': a rating is one of"):
         policy.predict({**obs, "rating": "great"})
     with pytest.raises(PolicyError, match="'rating' holds"):
@@ -143,10 +151,6 @@ def test_conditioning_without_rated_episodes_is_a_config_error(rated_dataset, tm
 def test_a_checkpoint_without_the_setting_loads_unchanged(rated_dataset, tmp_path):
     """A checkpoint saved before ``condition_on_rating`` existed (no such key) loads as unconditioned,
     and ignores a rating in the observation."""
-    from safetensors.torch import load_file, save_file
-    import json
-    import yaml
-
     result = train(_train_cfg(rated_dataset, tmp_path / "run"), log=lambda m: None)
     ckpt = result.final
     before = load_policy(ckpt)
@@ -156,8 +160,6 @@ def test_a_checkpoint_without_the_setting_loads_unchanged(rated_dataset, tmp_pat
     assert config["policy"].pop("condition_on_rating") is False
     (ckpt / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     weights = ckpt / "model.safetensors"
-    from safetensors import safe_open
-
     with safe_open(str(weights), framework="pt") as f:
         meta = dict(f.metadata())
     saved = json.loads(meta["policy_config"])
