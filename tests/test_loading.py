@@ -74,7 +74,7 @@ def test_unknown_or_missing_checkpoints_are_named(tmp_path):
         load_policy(tmp_path / "empty")
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "config.yaml").write_text("type: hypernet\n")
-    with pytest.raises(PolicyError, match="unknown checkpoint type 'hypernet' .*known: modular, policy, residual"):
+    with pytest.raises(PolicyError, match="unknown checkpoint type 'hypernet' .*known: modular, planned, policy, residual"):
         load_policy(tmp_path / "odd")
     with pytest.raises(ValueError, match="not 'module:Class'"):
         register_policy_type("hypernet", "nowhere.Hypernet")

@@ -170,3 +170,22 @@ def test_a_checkpoint_without_the_setting_loads_unchanged(rated_dataset, tmp_pat
     assert old.rating_embed is None and not any(k.startswith("rating_embed") for k in old.state_dict())
     assert torch.equal(old.predict(obs), expected)
     assert torch.equal(old.predict({**obs, "rating": "bad"}), expected)
+
+
+def test_relabelled_frames_train_a_conditioned_policy_as_good_examples():
+    # on-policy relabelling (DAgger, HG-DAgger, distillation) builds its own batches: a
+    # conditioned policy gets them rated good, the rating its deployment asks for
+    from robopolicy.refine import dagger
+
+    values = (("mean", 0), ("std", 1), ("min", -1), ("max", 1), ("q01", -1), ("q99", 1))
+    stats = {"action": {k: np.full(2, v, np.float32) for k, v in values},
+             "observation.state": {k: np.full(4, v, np.float32) for k, v in values}}
+    cfg = PolicyConfig(head="chunk_l1", context_strides=[0], horizon=2, use_state=True, cameras=[],
+                       language=LanguageConfig(enabled=False), d_model=16, n_heads=2, n_layers=1, head_layers=1,
+                       action_shape=[2], state_dim=4, condition_on_rating=True)
+    policy = Policy(cfg, stats)
+    obs = {"observation.state": np.zeros(4, np.float32)}
+    frames = [{"obs": obs, "future": np.zeros((2, 2), np.float32), "label": np.zeros(2, np.float32)}] * 3
+    batch = dagger.make_batch(frames, policy)
+    assert batch["rating"].tolist() == [RATING_INDEX["good"]] * 3
+    assert torch.isfinite(policy.losses(batch, {"action": 1.0})["total"])

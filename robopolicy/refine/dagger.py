@@ -346,6 +346,10 @@ def make_batch(frames: list[dict], policy, scene_label: str | None = None) -> di
         elif key == ENV_STATE and policy.config.env_state_dim:  # read at t, as the trainer loads it
             out[key] = torch.from_numpy(np.stack([f["obs"][key] for f in frames]).astype(np.float32))
     out["observation_is_pad"] = torch.tensor([[f.get("index", 0) - s < 0 for s in strides] for f in frames])
+    if getattr(policy.config, "condition_on_rating", False):  # a relabelled frame is a good example
+        from robopolicy.teleop.ratings import RATING_INDEX
+
+        out["rating"] = torch.full((len(frames),), RATING_INDEX["good"], dtype=torch.long)
     if scene_label is not None:
         out[scene_label] = torch.from_numpy(np.stack([f["scene"] for f in frames]).astype(np.float32))
     elif policy.output == "waypoints":
