@@ -192,7 +192,7 @@ def test_fleet_on_ray_replaces_a_dead_actor_and_every_episode_keeps_its_version(
         killer.start()
         out = tmp_path / "fleet"
         rc = main(["fleet", "--checkpoint", str(tmp_path / "base"), "--out", str(out), "env.id=robopolicy/PointReach-v0",
-                   "env.kwargs.max_steps=12", "episodes=8", "eval_every=4", "retrain_every=12", "window=2",
+                   "env.kwargs.max_steps=40", "episodes=8", "eval_every=4", "retrain_every=12", "window=2",
                    "train.finetune_steps=2", "train.batch_size=8", "train.device=cpu",
                    "operator.disagree=0.0", "operator.patience=1", "operator.lapse_rate=0.0"])
     finally:

@@ -207,7 +207,7 @@ def test_dagger_on_ray_refines_as_the_local_run_does_even_when_a_worker_dies(loc
     from test_teleop_hg_dagger import ENV, tiny_point_policy
 
     def run(backend: str, killer: Killer | None = None):
-        cfg = dagger.DAggerConfig(env=ENV, num_envs=2, iterations=2, steps_per_iteration=80, finetune_steps=5,
+        cfg = dagger.DAggerConfig(env=ENV, num_envs=2, iterations=2, steps_per_iteration=400, finetune_steps=5,
                                   batch_size=8, lr=1e-3, filter=[], eval_episodes=2, eval_envs=1, device="cpu",
                                   progress=False, backend=backend, out=str(tmp_path / backend))
         policy = tiny_point_policy()
@@ -217,7 +217,7 @@ def test_dagger_on_ray_refines_as_the_local_run_does_even_when_a_worker_dies(loc
         return summary, policy.state_dict()
 
     local, local_weights = run("local")
-    killer = Killer("RolloutWorker.run", after_s=0.2)
+    killer = Killer("RolloutWorker.run", after_s=0.05)  # rows of 200 steps: caught mid-rollout
     remote, remote_weights = run("ray", killer)
     killer.stop.set()
     assert killer.killed is not None  # a worker died mid-rollout and its row ran again
