@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import only_isolated, run_isolated
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -180,6 +181,7 @@ class KillOnce(threading.Thread):
             time.sleep(0.01)
 
 
+@only_isolated
 def test_fleet_on_ray_replaces_a_dead_actor_and_every_episode_keeps_its_version(tmp_path):
     ray = pytest.importorskip("ray")
     pytest.importorskip("psutil")
@@ -225,3 +227,7 @@ def _csv(path):
 
     with open(path) as fh:
         return list(csv.DictReader(fh))
+
+
+def test_in_a_fresh_process_fleet_on_ray_replaces_a_dead_actor_and_every_episode_keeps_its_version():
+    run_isolated(__file__, "test_fleet_on_ray_replaces_a_dead_actor_and_every_episode_keeps_its_version")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import only_isolated, run_isolated
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ray = pytest.importorskip("ray")
@@ -202,6 +203,7 @@ def test_refinement_rollouts_on_ray_give_the_local_episodes(local_ray):
     assert hg_counts == hg_remote_counts and hg_counts["takeovers"] >= 1
 
 
+@only_isolated
 def test_dagger_on_ray_refines_as_the_local_run_does_even_when_a_worker_dies(local_ray, tmp_path):
     from robopolicy.refine import dagger
     from test_teleop_hg_dagger import ENV, tiny_point_policy
@@ -257,3 +259,7 @@ def test_workers_that_a_local_ray_cannot_place_are_not_asked_for(local_ray):
     assert fit_workers(RayConfig(), 5, lines.append) == 2  # the fixture's Ray has 2 CPUs
     assert "running 2" in lines[-1]
     assert fit_workers(RayConfig(num_cpus_per_worker=0.5), 5, lines.append) == 4
+
+
+def test_in_a_fresh_process_dagger_on_ray_refines_as_the_local_run_does_even_when_a_worker_dies():
+    run_isolated(__file__, "test_dagger_on_ray_refines_as_the_local_run_does_even_when_a_worker_dies")
