@@ -290,11 +290,10 @@ class PersonFollowEnv(gymnasium.Env):
         self._target_ticks = int(sc.target_ticks)
         self._reference_steps = int(min(sc.target_ticks, self.max_steps))
         self._person_vis = [_visibility_points(app.height) for app in sc.people]
-        self._vis_pts, self._vis_rad = self._person_vis[0]
         self._obstacles_active = sc.obstacles[sc.obstacle_mask].copy()
         self._obstacles_info = np.concatenate([sc.obstacles, sc.obstacle_height[:, None]], axis=1).astype(np.float32)
         self._obstacle_mask = sc.obstacle_mask.copy()
-        self._nvis = len(self._vis_pts)
+        self._nvis = len(self._person_vis[0][0])  # the same sample layout for every height
         self._ray_geomid = np.zeros(self._nvis, dtype=np.int32)
         self._ray_dist = np.zeros(self._nvis, dtype=np.float64)
 
