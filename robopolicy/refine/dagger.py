@@ -356,16 +356,19 @@ def make_batch(frames: list[dict], policy, scene_label: str | None = None) -> di
         out["action"] = torch.from_numpy(np.stack([f["waypoints"] for f in frames]).astype(np.float32))[:, None]
     else:
         h = policy.config.horizon
-        chunks, pads = [], []
-        for f in frames:
-            fut = f["future"][:h]
-            pad = np.zeros(h, bool)
-            pad[len(fut):] = True
-            chunks.append(np.concatenate([fut, np.repeat(fut[-1:], h - len(fut), 0)]))
-            pads.append(pad)
-        out["action"] = torch.from_numpy(np.stack(chunks).astype(np.float32))
-        out["action_is_pad"] = torch.from_numpy(np.stack(pads))
+        known = np.array([min(len(f["future"]), h) for f in frames])
+        out["action"] = torch.from_numpy(target_chunks(frames, h))
+        out["action_is_pad"] = torch.from_numpy(np.arange(h)[None] >= known[:, None])
     return out
+
+
+def target_chunks(frames: list[dict], horizon: int) -> np.ndarray:
+    """The frames' target chunks ``(N, horizon, A)`` float32, the last action repeated past an episode's end."""
+    out = []
+    for f in frames:
+        fut = f["future"][:horizon]
+        out.append(np.concatenate([fut, np.repeat(fut[-1:], horizon - len(fut), 0)]))
+    return np.stack(out).astype(np.float32)
 
 
 def original_dataset(cfg: DAggerConfig, policy, scene_label: str | None = None):

@@ -43,7 +43,7 @@ from robopolicy.eval.episodes import EvalResult, evaluate_success
 from robopolicy.eval.policy_runner import to_policy_batch
 from robopolicy.models.policy import STAT_NAMES, Policy, PolicyError
 from robopolicy.refine.common import Curve
-from robopolicy.refine.dagger import DAggerConfig, collect, finetune, policy_actor
+from robopolicy.refine.dagger import DAggerConfig, collect, finetune, policy_actor, target_chunks
 from robopolicy.refine.summary import write_refine_summary
 
 
@@ -147,15 +147,6 @@ def _stats(values: np.ndarray) -> dict[str, np.ndarray]:
     got = {"mean": v.mean(0), "std": v.std(0), "min": v.min(0), "max": v.max(0),
            "q01": np.quantile(v, 0.01, axis=0), "q99": np.quantile(v, 0.99, axis=0)}
     return {k: got[k].astype(np.float32) for k in STAT_NAMES}
-
-
-def target_chunks(frames: list[dict], horizon: int) -> np.ndarray:
-    """The frames' target chunks ``(N, horizon, A)``, the last action repeated past an episode's end."""
-    out = []
-    for f in frames:
-        fut = f["future"][:horizon]
-        out.append(np.concatenate([fut, np.repeat(fut[-1:], horizon - len(fut), 0)]))
-    return np.stack(out).astype(np.float32)
 
 
 def build_student(model, frames: list[dict]) -> Policy:
