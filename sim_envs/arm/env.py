@@ -329,27 +329,32 @@ class ArmEnv(gymnasium.Env):
         self._roll_hold = float(q[4])
         self._sample_task(rng)
         mujoco.mj_forward(m, d)
-        self._layout_qpos = d.qpos.copy()  # what pose() starts every pose from
-        self._steps = 0
-        self._success_count = 0
-        self._return = 0.0
-        self._first_success = -1
-        success, _, _ = self._evaluate()
-        return self._obs(), self._info(success)
+        return self._start_episode()
 
-    def continue_episode(self, goal_cube: int, goal_target: int, instruction: str):
+    def continue_episode(self, goal_cube: int, goal_target: int):
         """Start a new episode in the scene as it stands (unattended collection: the arm itself
         rearranged it, :mod:`sim_envs.arm.rearrange`). Nothing is moved or sampled; the next goal
-        and its instruction are given, the episode counters restart. Returns ``(obs, info)`` as
-        :meth:`reset` does."""
+        is given (its instruction worded as the task's own reset words it), the episode counters
+        restart. Returns ``(obs, info)`` as :meth:`reset` does."""
         if not (0 <= goal_target < self.num_targets and (0 <= goal_cube < self.num_cubes or not self.num_cubes)):
             raise ValueError(f"goal cube {goal_cube} / target {goal_target} out of range")
-        self.goal_cube, self.goal_target, self._instruction = int(goal_cube), int(goal_target), str(instruction)
+        self.goal_cube, self.goal_target = int(goal_cube), int(goal_target)
+        self._instruction = self._goal_instruction()
         self._roll_hold = float(self.data.qpos[self._arm_qadr[4]])
+        return self._start_episode()
+
+    def _start_episode(self):
+        """Restart the episode on the scene as it stands (after :meth:`reset` or
+        :meth:`continue_episode`): the counters, and the layout :meth:`pose` starts every pose from.
+        Returns the first ``(obs, info)``."""
         self._layout_qpos = self.data.qpos.copy()
         self._steps, self._success_count, self._return, self._first_success = 0, 0, 0.0, -1
         success, _, _ = self._evaluate()
         return self._obs(), self._info(success)
+
+    def _goal_instruction(self) -> str:
+        """The instruction naming the current goal (``goal_cube``, ``goal_target``)."""
+        raise NotImplementedError
 
     def _apply_action(self, a: np.ndarray) -> None:
         d = self.data
@@ -560,7 +565,10 @@ class ArmReachEnv(ArmEnv):
             self.data.mocap_pos[self._target_mocap[i]] = (p[0], p[1], rng.uniform(0.02, 0.10))
             self._set_color(self._target_geoms[i], self.target_colors[i], 0.85)
         self.goal_target = int(rng.integers(self.num_targets))
-        self._instruction = f"reach the {self.target_colors[self.goal_target]} target"
+        self._instruction = self._goal_instruction()
+
+    def _goal_instruction(self) -> str:
+        return f"reach the {self.target_colors[self.goal_target]} target"
 
     def _evaluate(self):
         dist = _dist(self.data.site_xpos[self._tcp], self.data.mocap_pos[self._target_mocap[self.goal_target]])
@@ -593,7 +601,10 @@ class ArmPushCubeEnv(ArmEnv):
         self.data.mocap_pos[self._target_mocap[0]] = (zone[0], zone[1], 0.0)
         self._set_cube(0, cube, rng.uniform(-np.pi / 4, np.pi / 4))
         self.goal_cube, self.goal_target = 0, 0
-        self._instruction = f"push the {self.cube_colors[0]} cube to the {self.target_colors[0]} zone"
+        self._instruction = self._goal_instruction()
+
+    def _goal_instruction(self) -> str:
+        return f"push the {self.cube_colors[self.goal_cube]} cube to the {self.target_colors[self.goal_target]} zone"
 
     def _evaluate(self):
         d = self.data
@@ -690,9 +701,10 @@ class ArmPickPlaceEnv(ArmEnv):
         for i, c in enumerate(cubes):
             self._set_cube(i, c, rng.uniform(-np.pi / 4, np.pi / 4))
             self._set_color(self._cube_geom[i], self.cube_colors[i])
-        self._instruction = (
-            f"put the {self.cube_colors[self.goal_cube]} cube in the {self.target_colors[self.goal_target]} bowl"
-        )
+        self._instruction = self._goal_instruction()
+
+    def _goal_instruction(self) -> str:
+        return f"put the {self.cube_colors[self.goal_cube]} cube in the {self.target_colors[self.goal_target]} bowl"
 
     # phases of a pick-and-place and how often :meth:`pose` draws each by default ("start" and
     # "transit" come last at weight 0, so the default draws are those of the mix before them)

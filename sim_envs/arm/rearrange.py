@@ -157,20 +157,9 @@ def reachable(cube: np.ndarray) -> bool:
     return bool(math.hypot(cube[0], cube[1]) <= REACH and cube[2] > 0.0)
 
 
-def instruction(env: Any, goal_cube: int, goal_target: int) -> str:
-    """The task's instruction for a goal pair (the wording the task's own reset uses)."""
-    base = _base(env)
-    cube, target = base.cube_colors[goal_cube], base.target_colors[goal_target]
-    if base.TASK == "push":
-        return f"push the {cube} cube to the {target} zone"
-    return f"put the {cube} cube in the {target} bowl"
-
-
 def begin_episode(env: Any, layout: Layout) -> tuple[dict, dict]:
     """Start the next episode on the scene as it stands, with ``layout``'s goal."""
-    base = _base(env)
-    return base.continue_episode(layout.goal_cube, layout.goal_target,
-                                 instruction(env, layout.goal_cube, layout.goal_target))
+    return _base(env).continue_episode(layout.goal_cube, layout.goal_target)
 
 
 class ScriptedRearrange:
