@@ -98,7 +98,7 @@ def test_pair_trains_on_cached_features_and_frozen_members_get_no_gradient(datas
     cfg = config(dataset, tmp_path, f"[{LITE0}, {SMALL_CNN}]")
     ds = build_dataset(cfg, progress=False)
     pol = Policy(model_config_for(cfg.model, ds), ds.stats)
-    assert not pol.vision.frozen and pol.vision.frozen_members == [0]
+    assert not pol.vision.frozen and [e.cfg.frozen for e in pol.vision.encoders] == [True, False]
     pol.train()
     batch = {k: (v[None] if torch.is_tensor(v) else [v]) for k, v in ds[3].items()}
     pol.losses(batch, {"action": 1.0})["total"].backward()

@@ -307,19 +307,6 @@ class FusedVisionEncoder(nn.Module):
         """True when every encoder is frozen (then features can be cached)."""
         return all(e.cfg.frozen for e in self.encoders)
 
-    @property
-    def frozen_members(self) -> list[int]:
-        """Indices of the frozen encoders (whose features can be cached one by one)."""
-        return [i for i, e in enumerate(self.encoders) if e.cfg.frozen]
-
-    def member_slices(self) -> list[slice]:
-        """Each encoder's channels in the fused feature, in order."""
-        out, start = [], 0
-        for e in self.encoders:
-            out.append(slice(start, start + e.out_dim))
-            start += e.out_dim
-        return out
-
     def cache_key(self) -> str:
         """Identity of what the fused encoder computes: its members' keys joined by ``+``."""
         return "+".join(e.cache_key(self.grid) for e in self.encoders)
