@@ -11,8 +11,9 @@ A feature file is keyed by the training cache entry (which carries the dataset's
 ``robopolicy.data.cache.content_key``), the camera, and one encoder's identity (timm name, image
 size, stage, grid and a digest of its weights): a changed dataset or encoder gets a new file, so
 stale features are never read. A fused pair keeps one file per member, so the two never collide
-and a member shared with another recipe (Lite0 alone, then Lite0 beside Lite2) is encoded once. Files are written under a temporary name and renamed when
-complete, under a file lock (one builder when several trainers start at once).
+and a member shared with another recipe (Lite0 alone, then Lite0 beside Lite2) is encoded once.
+Files are written under a temporary name and renamed when complete, under a file lock (one
+builder when several trainers start at once).
 
 Layout: ``<dir>/<dataset>-<camera>-<key>.npy`` (``(N, n, C)`` float16, or float32 when float16
 would overflow) and a ``.json`` beside it with the key's ingredients.
@@ -161,9 +162,5 @@ def ensure_features(dataset, encoder: FusedVisionEncoder, cache_dir: str | Path 
                                text_model) for e in encoder.encoders]
     if len(members) == 1:
         return members[0]
-    out = {}
-    for role in dataset.cameras:
-        parts = [m[role] for m in members]
-        dtype = np.result_type(*[p.dtype for p in parts])
-        out[role] = np.concatenate([np.asarray(p, dtype=dtype) for p in parts], axis=-1)
-    return out
+    # concatenate promotes: a float16 member beside a float32 one gives float32
+    return {role: np.concatenate([m[role] for m in members], axis=-1) for role in dataset.cameras}
