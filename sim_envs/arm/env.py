@@ -765,13 +765,15 @@ class ArmPickPlaceEnv(ArmEnv):
         tcp = np.array([*(bowl[:2] + off + rng.normal(0.0, 0.01, 2)), rng.uniform(0.045, 0.10)])
         return self._pose_at(tcp, rng, yaw), float(rng.uniform(1.0, open_max))
 
+    def _start_episode(self):
+        self._wrong_object = False  # no other cube lifted yet in this episode
+        return super()._start_episode()
+
     def step(self, action):
         """The base step, plus ``wrong_object``: a cube other than the named one was lifted (its
         centre more than :data:`WRONG_OBJECT_LIFT` above its resting height) at any step of the
         episode so far; in ``info`` every step and in ``episode_metrics`` at the end."""
         obs, reward, terminated, truncated, info = super().step(action)
-        if self._steps == 1:  # the first step of an episode (after reset or continue_episode)
-            self._wrong_object = False
         heights = info["cube_pos"][:, 2] - so101.CUBE_HALF
         others = np.arange(self.num_cubes) != self.goal_cube
         self._wrong_object = bool(self._wrong_object or np.any(heights[others] > WRONG_OBJECT_LIFT))
