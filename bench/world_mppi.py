@@ -65,7 +65,7 @@ def main() -> int:
         check_base(base, model, args.base)
     planned = PlannedPolicy(model, cfg, base)
     env = gymnasium.make(args.env)
-    obs_list, rng = [], np.random.default_rng(0)
+    obs_list = []
     for i in range(args.calls):
         obs, _ = env.reset(seed=i)
         batch = {k: np.asarray(v)[None] for k, v in obs.items()}
