@@ -432,10 +432,10 @@ def repeat_table(rows: dict[str, dict[str, Any]]) -> str:
 
 def read_repeats(cfg: BenchConfig) -> list[dict[str, Any]]:
     """The repeats under ``cfg.out`` run with the same settings as this one, by repeat index."""
-    found = []
+    found, same = [], json.loads(json.dumps(settings(cfg), default=str))  # as vs_lerobot.json holds them
     for path in sorted(Path(cfg.out).glob("repeat_*/vs_lerobot.json")):
         saved = json.loads(path.read_text())
-        if json.loads(json.dumps(saved.get("config"), default=str)) != json.loads(json.dumps(settings(cfg), default=str)):
+        if saved.get("config") != same:
             print(f"[bench] {path}: other settings, left out of the summary")
             continue
         found.append(saved)
