@@ -19,7 +19,6 @@ dies is replaced and its episode runs again from its seed (counted in ``reruns``
 from __future__ import annotations
 
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,7 +28,7 @@ from hardware.control.chunking import ChunkExecutor
 from robopolicy.config import ConfigError
 from robopolicy.envs import EnvConfig, resolve_env_id
 from robopolicy.eval.config import EvalConfig
-from robopolicy.eval.envs import EvalEnvSpec, accepts_kwarg, make_eval_env, make_eval_vector_env, make_vector_env
+from robopolicy.eval.envs import EvalEnvSpec, accepts_kwarg, make_eval_vector_env
 from robopolicy.eval.episodes import run_episodes, unreported_success
 from robopolicy.eval.policy_runner import PolicyActor, PolicyRunner
 from robopolicy.eval.report import EvalReport, SplitResult, summarize_split
@@ -143,19 +142,30 @@ def _executor(cfg: EvalConfig, kind: str, width: int) -> ChunkExecutor:
                          cfg.chunk.crossfade_steps, kind=kind, n_envs=width)
 
 
+def _episodes(runner: PolicyRunner, cfg: EvalConfig, envs: Any, every_step: bool, label: str, seeds: list[int],
+              on_finish: Callable[[int], None] | None = None) -> tuple[list[dict], int, float | None]:
+    """The episodes of ``seeds`` on ``envs`` (one row per env), the policy through a chunk executor;
+    (episodes, env steps, the env's fps)."""
+    first = _checked_first(runner, tuple(envs.single_action_space.shape), label)
+    actor = PolicyActor(runner, _executor(cfg, runner.kind, envs.num_envs), every_step, first=first)
+    episodes, env_steps = run_episodes(envs, actor, seeds, runner.per_row_reset, on_finish=on_finish)
+    return episodes, env_steps, float(envs.metadata.get("render_fps") or 0) or None
+
+
+def _worker_env(worker: Any, spec: EvalEnvSpec) -> Any:
+    """The worker's one-row env of the split, built once per split and kept between its episodes."""
+    return worker.keep(spec, lambda: make_eval_vector_env(spec, 1))
+
+
 def episode_on_worker(worker: Any, job: tuple) -> dict:
     """One evaluation episode in a Ray rollout worker (:class:`robopolicy.scale.ray_backend.RolloutWorker`):
     the worker's policy through its own chunk executor on its env of the split (built once per
     split), as one row of the local vector env runs it. ``job``: ``(spec, cfg, every_step, label,
     seed)``. Returns the episode summary, its env steps, the policy's calls and seconds, the env's fps."""
     spec, cfg, every_step, label, seed = job
-    envs = worker.keep(spec, lambda: make_vector_env(partial(make_eval_env, spec), 1))
     runner = PolicyRunner(worker.policy)
-    first = _checked_first(runner, tuple(envs.single_action_space.shape), label)
-    actor = PolicyActor(runner, _executor(cfg, runner.kind, 1), every_step, first=first)
-    records, steps = run_episodes(envs, actor, [seed], runner.per_row_reset)
-    return {"episode": records[0], "env_steps": steps, "calls": runner.calls, "seconds": runner.seconds,
-            "fps": float(envs.metadata.get("render_fps") or 0) or None}
+    records, steps, fps = _episodes(runner, cfg, _worker_env(worker, spec), every_step, label, [seed])
+    return {"episode": records[0], "env_steps": steps, "calls": runner.calls, "seconds": runner.seconds, "fps": fps}
 
 
 def _run_local(runner: PolicyRunner, cfg: EvalConfig, spec: EvalEnvSpec, width: int, every_step: bool, label: str,
@@ -166,17 +176,14 @@ def _run_local(runner: PolicyRunner, cfg: EvalConfig, spec: EvalEnvSpec, width: 
     envs = make_eval_vector_env(spec, width)
     start = time.perf_counter() - t0
     try:
-        first = _checked_first(runner, tuple(envs.single_action_space.shape), label)
-        actor = PolicyActor(runner, _executor(cfg, runner.kind, width), every_step, first=first)
-        episodes, env_steps = run_episodes(envs, actor, seeds, runner.per_row_reset, on_finish=bar.update)
-        return episodes, env_steps, float(envs.metadata.get("render_fps") or 0) or None, start
+        return (*_episodes(runner, cfg, envs, every_step, label, seeds, on_finish=bar.update), start)
     finally:
         envs.close()
 
 
 def _env_on_worker(worker: Any, spec: EvalEnvSpec) -> None:
     """Build (and keep) the worker's env of the split: its start, before the first episode."""
-    worker.keep(spec, lambda: make_vector_env(partial(make_eval_env, spec), 1))
+    _worker_env(worker, spec)
 
 
 def _run_on_ray(pool: Any, runner: PolicyRunner, cfg: EvalConfig, spec: EvalEnvSpec, every_step: bool, label: str,
