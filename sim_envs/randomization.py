@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import gymnasium
@@ -81,7 +81,7 @@ class RandomizeSettings:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "randomize") -> "RandomizeSettings":
         """Settings from a config mapping; unknown keys and wrong types raise ``ValueError`` naming them."""
-        known = {"lighting", "textures", "camera_jitter", "distractors", "seed"}
+        known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"{where}: unknown key {unknown[0]!r} (known: {sorted(known)})")
