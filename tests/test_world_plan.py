@@ -81,6 +81,21 @@ def test_sizes_that_do_not_fit_the_world_model_are_refused():
         check_base(Base(), planner.model)
 
 
+def test_reset_of_some_rows_reaches_the_base_for_those_rows_only():
+    class Base:
+        def __init__(self):
+            self.resets = []
+
+        def reset(self, rows=None):
+            self.resets.append(rows)
+
+    base = Base()
+    policy = PlannedPolicy(PointModel(), MPPIConfig(horizon=2, samples=4, elites=2), base)
+    policy.reset([1])
+    policy.reset()
+    assert base.resets == [[1], None]
+
+
 def test_planned_checkpoint_evaluates_through_the_cli(tmp_path):
     from robopolicy.cli import main
     from robopolicy.models.loading import load_policy

@@ -165,8 +165,9 @@ class PlannedPolicy:
         return self.planner.plan(states, nominal)
 
     def reset(self, rows: list[int] | None = None) -> None:
+        """Start new episodes on ``rows`` (all when ``None``): the base's context of those rows only."""
         if self.base is not None:
-            self.base.reset()
+            self.base.reset(rows)
 
     def eval(self) -> "PlannedPolicy":
         if self.base is not None:
