@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -56,14 +57,13 @@ class UnattendedStats:
     """What an unattended run did."""
 
     episodes: int = 0
-    frames: int = 0
+    frames: int = 0  # recorded frames: every control step of the forward episodes
     successes: int = 0
     resets_attempted: int = 0
     resets_succeeded: int = 0
     hard_resets: int = 0
-    forward_steps: int = 0
     reset_steps: int = 0
-    failures: dict[str, int] = field(default_factory=dict)  # failed resets by kind (rearrange.LayoutCheck.kind)
+    failures: Counter = field(default_factory=Counter)  # failed resets by kind (rearrange.LayoutCheck.kind)
     since_env_reset: int = 0  # episodes since the last env.reset (the first one included)
     longest_without_env_reset: int = 0  # the most episodes one stretch of the world ran without env.reset
     wall_s: float = 0.0
@@ -85,8 +85,8 @@ class UnattendedStats:
         return {"episodes": self.episodes, "frames": self.frames, "successes": self.successes,
                 "resets_attempted": self.resets_attempted, "resets_succeeded": self.resets_succeeded,
                 "reset_success_rate": round(self.reset_success_rate, 4), "hard_resets": self.hard_resets,
-                "forward_steps": self.forward_steps,
-                "reset_steps": self.reset_steps, "longest_without_env_reset": self.longest_without_env_reset, "reset_failures": dict(self.failures),
+                "forward_steps": self.frames, "reset_steps": self.reset_steps,
+                "longest_without_env_reset": self.longest_without_env_reset, "reset_failures": dict(self.failures),
                 "episodes_per_hour": round(self.episodes_per_hour, 1)}
 
 
@@ -172,7 +172,7 @@ def reset_scene(env: Any, behaviour: Any, rng: np.random.Generator, cfg: Unatten
         try:
             layout = sample_layout(env, rng)
         except NoLayout as exc:  # the cubes crowd the table where they lie: nothing to aim the arm at
-            stats.failures["no_room"] = stats.failures.get("no_room", 0) + 1
+            stats.failures["no_room"] += 1
             say(f"[unattended] reset {stats.resets_attempted} failed: {exc}")
             break
         stats.reset_steps += int(behaviour.rearrange(env, layout))
@@ -180,7 +180,7 @@ def reset_scene(env: Any, behaviour: Any, rng: np.random.Generator, cfg: Unatten
         if check.ok:
             stats.resets_succeeded += 1
             return begin_episode(env, layout)
-        stats.failures[check.kind] = stats.failures.get(check.kind, 0) + 1
+        stats.failures[check.kind] += 1
         say(f"[unattended] reset {stats.resets_attempted} failed (attempt {attempt}/{cfg.retries}): {check.reason}")
         if not check.recoverable:
             break
@@ -229,7 +229,7 @@ def collect_unattended(cfg: UnattendedConfig, log: Callable[[str], None] = print
             while stats.episodes < cfg.episodes:
                 frames, success = forward_episode(env, driver, recorder, obs, info)
                 stats.episodes, stats.frames = stats.episodes + 1, stats.frames + frames
-                stats.successes, stats.forward_steps = stats.successes + int(success), stats.forward_steps + frames
+                stats.successes += int(success)
                 stats.since_env_reset += 1
                 stats.longest_without_env_reset = max(stats.longest_without_env_reset, stats.since_env_reset)
                 stats.wall_s = time.perf_counter() - t0
