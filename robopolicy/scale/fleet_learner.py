@@ -184,7 +184,6 @@ class IngestStats:
     queue_wait_s: list[float] = field(default_factory=list)
     commit_s: list[float] = field(default_factory=list)
     submit_wait_s: float = 0.0
-    max_depth: int = 0
 
 
 class FleetLearner:
@@ -251,10 +250,10 @@ class FleetLearner:
         t0 = time.perf_counter()
         self.intake.put((time.perf_counter(), episode))
         self.stats.submit_wait_s += time.perf_counter() - t0
-        self.stats.max_depth = max(self.stats.max_depth, self.intake.qsize())
 
     def add_labels(self, episodes: list[dict]) -> None:
-        """Send episodes to training without recording them (e.g. interventions of an earlier run)."""
+        """Send the episodes' interventions to training (ingest does it for every episode; called alone,
+        e.g. with the interventions of an earlier run, nothing is recorded)."""
         for ep in episodes:
             cols = label_columns(ep)
             if cols is not None:
@@ -294,9 +293,7 @@ class FleetLearner:
                 return
             queued_at, ep = item
             self.stats.queue_wait_s.append(time.perf_counter() - queued_at)
-            cols = label_columns(ep)
-            if cols is not None:
-                self._inbox.put(("labels", cols))
+            self.add_labels([ep])
             if self.dataset is not None:
                 t0 = time.perf_counter()
                 self._commit(ep)
