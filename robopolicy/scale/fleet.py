@@ -193,9 +193,6 @@ class EpisodeRunner:
                   task=task, fps=self.fps)
         return ep
 
-    def pid(self) -> int:
-        return os.getpid()
-
 
 def start_learner(cfg: FleetConfig, share: Callable[[dict], Any], log: Callable[[str], None]) -> FleetLearner:
     """The learner, holding the base as version 0; its training process loads the original data."""

@@ -194,11 +194,6 @@ class RolloutWorker:
         """``fn(self, *args)`` (``fn`` an importable function: it travels by name)."""
         return fn(self, *args)
 
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
-
     def close(self) -> None:
         if self._kept is not None and hasattr(self._kept[1], "close"):
             self._kept[1].close()
