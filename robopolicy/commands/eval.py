@@ -147,12 +147,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not _out_given(args):
         cfg.out = str(default_out(cfg.checkpoint))
     out = cfg.out
-    if _env_given(args):
+    env_given = _env_given(args)
+    if env_given:
         from robopolicy.envs import resolve_env_id
 
         resolve_env_id(cfg.env.id)  # a bad env id fails now, not after the checkpoint has loaded
     if cfg.checkpoint == ORACLE_CHECKPOINT:
-        if not _env_given(args):
+        if not env_given:
             raise ConfigError("--checkpoint oracle needs the env: give --env ID (or env.id in the --config file)")
         policy = OraclePolicy.for_env(cfg.env)
     else:
@@ -161,7 +162,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         except (FileNotFoundError, ValueError, KeyError) as exc:
             print(f"robopolicy eval: cannot load checkpoint {cfg.checkpoint}: {exc}", file=sys.stderr)
             return 1
-    if not _env_given(args):
+    if not env_given:
         env = checkpoint_env(cfg.checkpoint)
         if env is None:
             raise ConfigError(f"no env to evaluate {cfg.checkpoint} in: its training run records none; give --env ID "
