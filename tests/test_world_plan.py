@@ -129,3 +129,19 @@ def test_the_policy_worker_serves_a_planned_checkpoint(tmp_path):
     worker_policy = load_checkpoint(Path(tmp_path / "plan"), dt=0.1)
     chunk = worker_policy.predict({"observation.state": np.full(4, 0.5, np.float32), "task": ""}, 0.0)
     assert chunk.shape == (8, 2) and np.isfinite(chunk).all()
+
+
+def test_plan_with_a_base_of_another_task_leaves_no_checkpoint(tmp_path, capsys):
+    from robopolicy.cli import main
+    from robopolicy.models.language import LanguageConfig
+    from robopolicy.models.policy import Policy, PolicyConfig
+
+    WorldModel(4, 2, WorldModelConfig(latent_dim=16, hidden=[32], num_q=2)).save(tmp_path / "world")
+    Policy(PolicyConfig(head="chunk_l1", cameras=[], use_state=True, state_dim=4, action_shape=[6], horizon=4,
+                        language=LanguageConfig(enabled=False), d_model=16, n_heads=2, n_layers=1, head_layers=1,
+                        context_strides=[0])).save(tmp_path / "base")
+    (tmp_path / "base" / "train_config.yaml").write_text("seed: 0\n")
+    code = main(["world", "plan", "--world", str(tmp_path / "world"), "--checkpoint", str(tmp_path / "base"),
+                 "--out", str(tmp_path / "plan")])
+    assert code == 1 and "actions have shape [6]" in capsys.readouterr().out
+    assert list((tmp_path / "plan").iterdir()) == []

@@ -89,7 +89,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         PlannedPolicy.load(out)  # sizes of the base and the world model are checked now, not at the first step
     except WorldModelError as exc:
-        (out / "config.yaml").unlink()
+        for name in ("config.yaml", "train_config.yaml"):  # no half checkpoint left behind
+            (out / name).unlink(missing_ok=True)
         print(f"robopolicy world plan: {exc}")
         return 1
     print(f"planned policy {out}: evaluate with robopolicy eval --checkpoint {out} --env ENV")
