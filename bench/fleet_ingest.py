@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def make_policy(state_dim: int, action_dim: int, camera: int):
+def make_policy(state_dim: int, action_dim: int):
     import torch
 
     from robopolicy.models.policy import LanguageConfig, Policy, PolicyConfig
@@ -75,7 +75,7 @@ def one_repeat(args, dataset: bool, root: Path) -> dict:
     from robopolicy.scale.fleet_learner import FleetLearner
 
     rng = np.random.default_rng(0)
-    policy = make_policy(args.state_dim, args.action_dim, args.camera)
+    policy = make_policy(args.state_dim, args.action_dim)
     learner = FleetLearner(policy, hg_settings(args.finetune_steps), root / "weights", root / "ds" if dataset else None,
                            retrain_every=0, queue_size=args.queue, log=lambda m: None, vcodec=args.vcodec)
     warm = synthetic_episode(rng, 0, 0, args.frames, args.state_dim, args.action_dim, args.camera)
