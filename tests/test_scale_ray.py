@@ -192,7 +192,7 @@ def test_refinement_rollouts_on_ray_give_the_local_episodes(local_ray):
     hg = hg_dagger.HGDAggerConfig(env=ENV, num_envs=2, steps_per_iteration=70, progress=False)
     hg_local, hg_counts = hg_dagger.collect(policy, hg, np.random.default_rng(4))
     with rollout_pool(replace(cfg, backend="ray"), policy) as pool:
-        assert len(pool._idle) == 2
+        assert pool.size == 2
         remote = dagger_rollout(pool, policy, cfg, 0.5, np.random.default_rng(3), None)
         hg_remote, hg_remote_counts = hg_dagger_rollout(pool, policy, hg, np.random.default_rng(4))
         assert pool.stats.reruns == 0
