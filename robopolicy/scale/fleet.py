@@ -105,9 +105,9 @@ class FleetConfig:
         from robopolicy.config import build
         from robopolicy.teleop.hg_dagger import HGDAggerConfig
 
-        data = {"env": {"id": self.env.id, "kwargs": dict(self.env.kwargs)}, "base": self.base, "operator": dict(self.operator or {}), "label": self.label,
-                "control_dt": self.control_dt, "seed": self.seed, "threads": self.threads, "out": self.out,
-                "progress": False, **self.train}
+        data = {"env": {"id": self.env.id, "kwargs": dict(self.env.kwargs)}, "base": self.base,
+                "operator": dict(self.operator or {}), "label": self.label, "control_dt": self.control_dt,
+                "seed": self.seed, "threads": self.threads, "out": self.out, "progress": False, **self.train}
         return build(HGDAggerConfig, data, "fleet config", prefix="train.")
 
     def is_eval(self, episode: int) -> bool:
