@@ -131,14 +131,13 @@ class _Driver:
             self.reset_policy(None)
 
     def decide(self, obs: dict, info: dict) -> Any:
+        from robopolicy.diagnose.stepping import batched
         from sim_envs.core import OracleStep
 
         step = self.oracle.act(obs, info)
         if self.act is None:
             return step
-        batch = {k: (v if k == "task" else np.asarray(v)[None]) for k, v in obs.items()}
-        batch["task"] = [obs["task"]]
-        return OracleStep(action=np.asarray(self.act(batch)[0], np.float32), label=step.label)
+        return OracleStep(action=np.asarray(self.act(batched(obs))[0], np.float32), label=step.label)
 
 
 def forward_episode(env: Any, driver: _Driver, recorder: Any, obs: dict, info: dict) -> tuple[int, bool]:
