@@ -13,7 +13,7 @@ This module imports no torch: env worker processes unpickle it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, get_args
 
 from robopolicy.config import ConfigError
 from robopolicy.envs import EnvConfig
@@ -21,7 +21,8 @@ from robopolicy.scale.ray_backend import RayConfig
 
 PERSON_FOLLOW = "robopolicy/PersonFollow-v0"
 PERSON_FOLLOW_SPLITS = ("stt", "dt", "at")
-INSTRUCTION_MODES = ("normal", "swap", "blank")
+InstructionMode = Literal["normal", "swap", "blank"]
+INSTRUCTION_MODES = get_args(InstructionMode)
 
 
 @dataclass
@@ -118,7 +119,7 @@ class EvalConfig:
     one, else the env default."""
     max_steps: int | None = None
     """Cut episodes at this many steps (for envs without their own limit); ``None``: the env's."""
-    instruction: Literal["normal", "swap", "blank"] = "normal"
+    instruction: InstructionMode = "normal"
     """What the policy is told: ``normal``, the task's instruction; ``swap``, the same scene with
     the instruction naming another visible person, who becomes the target (envs that take an
     ``instruction`` argument: PersonFollow); ``blank``, an empty instruction (any env)."""
