@@ -436,9 +436,11 @@ def finetune(policy, data: list[dict], cfg: DAggerConfig, rng: random.Random, or
     return float(np.mean(losses[-20:])) if losses else float("nan")
 
 
-def evaluate(policy, cfg: DAggerConfig, waypoints: int | None) -> EvalResult:
+def evaluate(policy, cfg: DAggerConfig, waypoints: int | None, env: EnvConfig | None = None) -> EvalResult:
+    """The policy alone on ``eval_episodes`` episodes from ``eval_seed``, in ``env`` (``None``: ``cfg.env``)."""
     act, reset = policy_actor(policy, cfg.steps_per_chunk, waypoints is not None)
-    return evaluate_success(act, reset, cfg.env, cfg.eval_episodes, cfg.eval_envs, cfg.eval_seed, waypoints=waypoints)
+    return evaluate_success(act, reset, env or cfg.env, cfg.eval_episodes, cfg.eval_envs, cfg.eval_seed,
+                            waypoints=waypoints)
 
 
 def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) -> dict:

@@ -39,11 +39,10 @@ import torch
 from robopolicy.config import ConfigError
 from robopolicy.data.features import IMAGE_PREFIX, STATE
 from robopolicy.envs import EnvConfig
-from robopolicy.eval.episodes import EvalResult, evaluate_success
 from robopolicy.eval.policy_runner import to_policy_batch
 from robopolicy.models.policy import STAT_NAMES, Policy, PolicyError
 from robopolicy.refine.common import Curve
-from robopolicy.refine.dagger import DAggerConfig, collect, finetune, policy_actor, target_chunks
+from robopolicy.refine.dagger import DAggerConfig, collect, evaluate, finetune, target_chunks
 from robopolicy.refine.summary import write_refine_summary
 
 
@@ -195,12 +194,6 @@ def cache_features(student: Policy, frames: list[dict], batch: int = 128) -> Non
                     f["obs"].pop(k, None)
 
 
-def evaluate(student, cfg: DistillConfig) -> EvalResult:
-    """The student alone on ``eval_episodes`` episodes from ``eval_seed`` (in ``eval_env`` if set)."""
-    act, reset = policy_actor(student, cfg.steps_per_chunk, False)
-    return evaluate_success(act, reset, cfg.eval_env or cfg.env, cfg.eval_episodes, cfg.eval_envs, cfg.eval_seed)
-
-
 def first_iteration(cfg: DistillConfig, teacher, rng: np.random.Generator, log: Callable[[str], None]):
     """``(student, frames)``: the teacher's own rollout (beta 1), labelled, and the student that
     ``base`` holds or that is built on those frames."""
@@ -256,7 +249,7 @@ def train(cfg: DistillConfig, log: Callable[[str], None] = print) -> dict:
         loss = finetune(student, data, cfg, prng, None, None, bar)
         seconds["finetune"] += time.perf_counter() - t
         t = time.perf_counter()
-        res = evaluate(student, cfg)
+        res = evaluate(student, cfg, None, cfg.eval_env)
         seconds["eval"] += time.perf_counter() - t
         curve.add(env_steps, res.success, **res.metrics)
         if not rows or res.success > max(r["success"] for r in rows):  # every iteration counts: no base row
