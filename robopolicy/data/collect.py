@@ -144,18 +144,26 @@ def record_oracle_episode(env: Any, staged: StagedEpisode, seed: int, noise: flo
     oracle = make_oracle(env, noise=noise, seed=seed)
     obs, info = env.reset(seed=seed)
     oracle.reset(obs, info)
+    return record_episode(env, oracle.act, staged, obs, info, on_frame)
+
+
+def record_episode(env: Any, decide: Callable[[dict, dict], Any], sink: Any, obs: dict, info: dict,
+                   on_frame: Callable[[int], None] | None = None) -> tuple[int, bool]:
+    """Step ``env`` from ``(obs, info)`` with ``decide(obs, info) -> OracleStep`` (its action runs,
+    its label is stored) until the episode ends, adding each frame to ``sink`` (a staged episode or
+    a recorder: ``features`` and ``add_frame(frame, task)``); returns (frames, success)."""
     task = str(obs.get(F.TASK, ""))
     base = getattr(env, "unwrapped", env)
-    free_run = base.free_run_label if F.FREE_RUN in staged.features else None  # computed per frame on request
+    free_run = base.free_run_label if F.FREE_RUN in sink.features else None  # computed per frame on request
     steps, success = 0, False
     while True:
-        decision = oracle.act(obs, info)
+        decision = decide(obs, info)
         next_obs, reward, terminated, truncated, next_info = env.step(decision.action)
         success = bool(next_info.get("is_success", False))
         done = bool(terminated or truncated)
         if free_run is not None:
             info = {**info, "free_run": free_run(info)}
-        staged.add_frame(oracle_frame(staged.features, obs, info, decision, reward, done, success), task)
+        sink.add_frame(oracle_frame(sink.features, obs, info, decision, reward, done, success), task)
         steps += 1
         if on_frame is not None:
             on_frame(steps)

@@ -142,22 +142,13 @@ class _Driver:
 
 def forward_episode(env: Any, driver: _Driver, recorder: Any, obs: dict, info: dict) -> tuple[int, bool]:
     """One forward episode from the scene as it stands, recorded and committed; (frames, success)."""
-    from robopolicy.data import features as F
-    from robopolicy.data.collect import oracle_frame
+    from robopolicy.data.collect import record_episode
 
     driver.reset(obs, info)
-    task, steps, success = str(obs.get(F.TASK, "")), 0, False
     recorder.start_episode()
-    while True:
-        decision = driver.decide(obs, info)
-        next_obs, reward, terminated, truncated, next_info = env.step(decision.action)
-        success, done = bool(next_info.get("is_success", False)), bool(terminated or truncated)
-        recorder.add_frame(oracle_frame(recorder.features, obs, info, decision, reward, done, success), task)
-        steps += 1
-        obs, info = next_obs, next_info
-        if done:
-            recorder.save_episode(success=success)
-            return steps, success
+    steps, success = record_episode(env, driver.decide, recorder, obs, info)
+    recorder.save_episode(success=success)
+    return steps, success
 
 
 def reset_scene(env: Any, behaviour: Any, rng: np.random.Generator, cfg: UnattendedConfig,
