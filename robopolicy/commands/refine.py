@@ -85,9 +85,9 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"env.kwargs.split={args.split}")
     if args.out:
         out.append(f"out={args.out}")
-    if getattr(args, "teacher", None):
+    if args.teacher:
         out.append(f"teacher={args.teacher}")
-    if getattr(args, "student_config", None):
+    if args.student_config:
         out.append(f"student_config={args.student_config}")
     if args.no_progress:
         out.append("progress=false")
