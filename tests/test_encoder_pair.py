@@ -65,7 +65,7 @@ def test_each_frozen_member_has_its_own_cache_file_shared_between_recipes(datase
     cfg = config(dataset, tmp_path, f"[{LITE0}, {LITE2}]")
     ds = build_dataset(cfg, progress=False)
     pair = FusedVisionEncoder([EncoderConfig(**_parse(LITE0)), EncoderConfig(**_parse(LITE2))], grid=2)
-    keys = [e.cache_key(2) for e in pair.encoders]
+    keys = [e.cache_key() for e in pair.encoders]
     assert keys[0] != keys[1] and keys[0].startswith("efficientnet_lite0@32/s3|grid2|")
     feats = fc.ensure_features(ds, pair, tmp_path / "features", progress=False)["front"]
     files = sorted((tmp_path / "features").glob("*.npy"))

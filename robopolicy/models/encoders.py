@@ -215,7 +215,7 @@ class VisionEncoder(nn.Module):
         return (f"{c.name}@{c.image_size}" + (f"/s{c.stage}" if c.stage is not None else "") + ("/film" if c.film else "")
                 + (f"/kp{c.keypoints}" + ("" if c.keypoint_features else "xy") if self.keypoints is not None else ""))
 
-    def cache_key(self, grid: int | None = None) -> str:
+    def cache_key(self) -> str:
         """Identity of this encoder's features, for the feature cache: what it computes
         (:meth:`describe`), the grid and a digest of its actual weights (a random init differs
         from seed to seed, and a stage may load its encoder from the previous one). Two members
@@ -225,7 +225,7 @@ class VisionEncoder(nn.Module):
         for name, tensor in sorted(self.state_dict().items()):
             h.update(name.encode())
             h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        return f"{self.describe()}|grid{self.grid if grid is None else int(grid)}|{h.hexdigest()}"
+        return f"{self.describe()}|grid{self.grid}|{h.hexdigest()}"
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -309,7 +309,7 @@ class FusedVisionEncoder(nn.Module):
 
     def cache_key(self) -> str:
         """Identity of what the fused encoder computes: its members' keys joined by ``+``."""
-        return "+".join(e.cache_key(self.grid) for e in self.encoders)
+        return "+".join(e.cache_key() for e in self.encoders)
 
     def forward(self, images: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         """``(N, 3, H, W)`` (and ``text (N, D)`` with FiLM) → ``(N, n_tokens, out_dim)``."""

@@ -103,7 +103,7 @@ def _build(path: Path, parts: dict, dataset, camera_key: str, encoder: VisionEnc
         bar.close()
 
 
-def member_features(dataset, encoder: VisionEncoder, grid: int, root: Path, batch_size: int = 64,
+def member_features(dataset, encoder: VisionEncoder, root: Path, batch_size: int = 64,
                     progress: bool = True, device: str | torch.device = "cpu", log=print, embed_text=None,
                     text_model: str | None = None) -> dict[str, np.ndarray]:
     """One frozen encoder's per-frame features ``{role: (N, n_tokens, C)}`` for every camera of
@@ -120,7 +120,7 @@ def member_features(dataset, encoder: VisionEncoder, grid: int, root: Path, batc
     else:
         text_model = None
     encoder = encoder.to(device).eval()
-    member_key = encoder.cache_key(grid)
+    member_key = encoder.cache_key()
     shape = (dataset.cache.num_frames, encoder.n_tokens, encoder.out_dim)
     out: dict[str, np.ndarray] = {}
     for role, camera_key in dataset.cameras.items():
@@ -158,8 +158,8 @@ def ensure_features(dataset, encoder: FusedVisionEncoder, cache_dir: str | Path 
                          "model.encoders[*].frozen=true)")
     root = Path(cache_dir) if cache_dir is not None else default_feature_dir()
     root.mkdir(parents=True, exist_ok=True)
-    members = [member_features(dataset, e, encoder.grid, root, batch_size, progress, device, log, embed_text,
-                               text_model) for e in encoder.encoders]
+    members = [member_features(dataset, e, root, batch_size, progress, device, log, embed_text, text_model)
+               for e in encoder.encoders]
     if len(members) == 1:
         return members[0]
     # concatenate promotes: a float16 member beside a float32 one gives float32
