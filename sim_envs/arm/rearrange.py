@@ -31,6 +31,7 @@ from sim_envs.arm import so101
 PLACE_TOLERANCE = 0.015  # m: a cube this close (xy) to its sampled place is in place
 CLEAR_Z = 0.04  # m: the tool-centre point above this height leaves the scene untouched
 REACH = 0.24  # m from the arm's base (xy): the farthest a cube can be picked from (hovering above it)
+FLAT_TOLERANCE = 0.003  # m: a cube whose centre lies this close to its resting height is flat on the table
 _SETTLE_STEPS = 8  # control steps the retreat runs before a placement is judged
 
 
@@ -140,7 +141,7 @@ def check_layout(env: Any, layout: Layout, tolerance: float = PLACE_TOLERANCE) -
             return LayoutCheck(False, errors, f"cube {i} ({base.cube_colors[i]}) is out of the arm's reach "
                                               f"({np.linalg.norm(pos[i, :2]) * 100:.0f} cm from its base, "
                                               f"z {pos[i, 2] * 100:.1f} cm)", "out_of_reach", recoverable=False)
-        if abs(float(pos[i, 2]) - so101.CUBE_HALF) > 0.003:
+        if not _flat(pos[i]):
             return LayoutCheck(False, errors, f"cube {i} ({base.cube_colors[i]}) is not flat on the table "
                                               f"(z {pos[i, 2] * 100:.1f} cm)", "not_flat")
         if err > tolerance:
@@ -149,6 +150,11 @@ def check_layout(env: Any, layout: Layout, tolerance: float = PLACE_TOLERANCE) -
     if base.data.site_xpos[base._tcp][2] < CLEAR_Z:
         return LayoutCheck(False, errors, "the arm did not clear the scene", "arm_in_scene")
     return LayoutCheck(True, errors)
+
+
+def _flat(cube: np.ndarray) -> bool:
+    """Whether a cube at ``cube`` (xyz, m) rests flat on the table: not tipped, held or stacked."""
+    return abs(float(cube[2]) - so101.CUBE_HALF) <= FLAT_TOLERANCE
 
 
 def reachable(cube: np.ndarray) -> bool:
@@ -212,7 +218,7 @@ class ScriptedRearrange:
             info = self._move_info(base, i, place)
             if oracle.phase == "retreat" and oracle.phase_steps >= _SETTLE_STEPS:
                 cube = base.data.xpos[base._cube_body[i]]
-                resting = abs(float(cube[2]) - so101.CUBE_HALF) < 0.003
+                resting = _flat(cube)
                 if resting and math.dist(cube[:2], place) <= self.tolerance:
                     if info["ee_pos"][2] > CLEAR_Z:
                         return step
