@@ -15,7 +15,8 @@ from robopolicy.envs import EnvConfig
 from robopolicy.models.language import LanguageConfig
 from robopolicy.models.loading import load_policy
 from robopolicy.models.policy import Policy, PolicyConfig
-from robopolicy.refine import distill
+from robopolicy.eval.episodes import EvalResult
+from robopolicy.refine import dagger, distill
 from robopolicy.refine.dagger import collect, make_batch
 from sim_envs.wrappers import ENV_STATE
 
@@ -131,11 +132,21 @@ def test_config_errors_name_the_setting(student_config, tmp_path):
         distill.student_model(cfg)
 
 
-def test_evaluations_can_run_without_the_training_envs_randomisation(student_config):
-    cfg = load_config(distill.DistillConfig, None, ENV + [f"student_config={student_config}", "env.randomize.lighting=true",
-                                                          "eval_env.id=robopolicy/ArmPushCube-v0"])
+def test_evaluations_can_run_without_the_training_envs_randomisation(student_config, tmp_path, monkeypatch):
+    cfg = load_config(distill.DistillConfig, None, ENV + TINY + [
+        f"student_config={student_config}", "env.randomize.lighting=true", "eval_env.id=robopolicy/ArmPushCube-v0",
+        "eval_env.kwargs.image_size=32", "iterations=1", f"out={tmp_path / 'run'}", "progress=false"])
     assert cfg.env.randomize == {"lighting": True}
     assert isinstance(cfg.eval_env, EnvConfig) and cfg.eval_env.randomize == {}
+    evaluated = []
+
+    def fake_eval(act, reset, env, *args, **kwargs):
+        evaluated.append(env)
+        return EvalResult(success=0.0, episodes=1, env_steps=1)
+
+    monkeypatch.setattr(dagger, "evaluate_success", fake_eval)
+    distill.train(cfg, log=lambda line: None)
+    assert evaluated == [cfg.eval_env]
 
 
 def test_the_wall_clock_budget_stops_before_an_iteration_that_would_pass_it(student_config, tmp_path):
