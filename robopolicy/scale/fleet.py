@@ -211,7 +211,7 @@ def start_learner(cfg: FleetConfig, share: Callable[[dict], Any], log: Callable[
 def run_fleet(cfg: FleetConfig, log: Callable[[str], None] = print) -> dict:
     """Run the fleet for ``cfg.episodes`` episodes; returns the summary (also written to ``out``)."""
     from robopolicy.scale.fleet_report import report
-    from robopolicy.scale.ray_backend import init_ray, run_pool
+    from robopolicy.scale.ray_backend import fit_workers, init_ray, run_pool
 
     started, t0 = time.time(), time.perf_counter()
     ray = init_ray(cfg.ray)
@@ -242,7 +242,7 @@ def run_fleet(cfg: FleetConfig, log: Callable[[str], None] = print) -> dict:
     log(f"[fleet] {cfg.actors} actors on Ray ({cfg.ray.address or 'this machine'}), base {cfg.base}, "
         f"{cfg.episodes} episodes, out {cfg.out}")
     try:
-        pool = run_pool(make_actor, call, range(cfg.episodes), cfg.actors, done)
+        pool = run_pool(make_actor, call, range(cfg.episodes), fit_workers(cfg.ray, cfg.actors, log), done)
     finally:
         learner.close(final_step=False)
     metrics = report(cfg, learner, pool, made[0], started, time.perf_counter() - t0, log)
