@@ -58,7 +58,7 @@ from robopolicy.models.modular import ModularPolicy
 from robopolicy.models.aux_heads import AuxHeadError, head_sizes, required_labels
 from robopolicy.models.policy import ENV_STATE, Policy, PolicyConfig, PolicyError, check_io, check_loss_heads
 from robopolicy.scale.ddp import Dist, wrap
-from robopolicy.teleop.ratings import row_ratings, with_ratings
+from robopolicy.teleop.ratings import rated_episodes, row_ratings, with_ratings
 from robopolicy.utils.files import atomic_write_text
 from robopolicy.utils.records import write_summary
 
@@ -266,8 +266,6 @@ def _episodes(data: DataConfig) -> list[int] | None:
     """``data.episodes``, narrowed to the episodes of ``data.rating`` when one is asked for."""
     if data.rating is None:
         return data.episodes
-    from robopolicy.teleop.ratings import rated_episodes
-
     try:
         return rated_episodes(data.dataset, data.rating, data.episodes)
     except ValueError as exc:
