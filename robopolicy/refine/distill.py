@@ -225,15 +225,14 @@ def train(cfg: DistillConfig, log: Callable[[str], None] = print) -> dict:
     curve = Curve(out, "curve")
     t0, started = time.perf_counter(), time.time()
     seconds = dict.fromkeys(("rollout", "finetune", "eval"), 0.0)
-    data, rows, env_steps, student, best = [], [], 0, None, {}
+    data, rows, env_steps, student, best, longest = [], [], 0, None, {}, 0.0  # longest: iteration's wall clock
     bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
     for it in range(cfg.iterations):
-        longest = max((b["seconds"] - a["seconds"] for a, b in zip([{"seconds": 0.0}] + rows, rows)), default=0.0)
         if cfg.max_seconds and rows and time.perf_counter() - t0 + longest > cfg.max_seconds:
             log(f"[distill] stopping after {it} iterations: the next would pass max_seconds {cfg.max_seconds:.0f}")
             break
         beta = cfg.beta0 * cfg.beta_decay**it
-        t = time.perf_counter()
+        t = started_it = time.perf_counter()
         if student is None:
             student, frames = first_iteration(cfg, teacher, rng, log)
         else:
@@ -252,11 +251,12 @@ def train(cfg: DistillConfig, log: Callable[[str], None] = print) -> dict:
         res = evaluate(student, cfg, None, cfg.eval_env)
         seconds["eval"] += time.perf_counter() - t
         curve.add(env_steps, res.success, **res.metrics)
-        if not rows or res.success > max(r["success"] for r in rows):  # every iteration counts: no base row
+        if not best or res.success > best["best"]:  # every iteration counts: no base row
             student.save(out / "best")
             best = {"best": res.success, "best_env_steps": env_steps, "best_checkpoint": str(out / "best")}
         rows.append({"iteration": it, "beta": beta, "env_steps": env_steps, "aggregate_states": len(data),
                      "loss": loss, "success": res.success, "seconds": time.perf_counter() - t0})
+        longest = max(longest, time.perf_counter() - started_it)
         bar.clear()
         log(f"[distill] iteration {it}: beta {beta:.3g}, {len(frames)} labelled states, aggregate {len(data)}, "
             f"loss {loss:.4f}, success {res.success:.1%} ({time.perf_counter() - t0:.0f} s)")
