@@ -50,15 +50,14 @@ def main() -> int:
     import torch
 
     import sim_envs  # noqa: F401  (registers the tasks)
-    from robopolicy.config import build, parse_overrides
     from robopolicy.eval.policy_runner import to_policy_batch
     from robopolicy.models.loading import load_policy
     from robopolicy.utils.records import write_summary
     from robopolicy.world.model import WorldModel
-    from robopolicy.world.plan import MPPIConfig, PlannedPolicy, check_base
+    from robopolicy.world.plan import PlannedPolicy, check_base, mppi_config
 
     torch.set_num_threads(1)
-    cfg = build(MPPIConfig, parse_overrides(args.overrides).get("mppi", {}), "command line", prefix="mppi.")
+    cfg = mppi_config(args.overrides)
     model = WorldModel.load(args.world)
     base = load_policy(args.base, "cpu").eval() if args.base else None
     if base is not None:

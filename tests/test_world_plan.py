@@ -145,3 +145,12 @@ def test_plan_with_a_base_of_another_task_leaves_no_checkpoint(tmp_path, capsys)
                  "--out", str(tmp_path / "plan")])
     assert code == 1 and "actions have shape [6]" in capsys.readouterr().out
     assert list((tmp_path / "plan").iterdir()) == []
+
+
+def test_plan_refuses_an_override_outside_mppi(tmp_path, capsys):
+    from robopolicy.cli import main
+
+    WorldModel(4, 2, WorldModelConfig(latent_dim=16, hidden=[32], num_q=2)).save(tmp_path / "world")
+    code = main(["world", "plan", "--world", str(tmp_path / "world"), "--out", str(tmp_path / "plan"), "samples=16"])
+    assert code == 2 and "'samples' is not a planner setting" in capsys.readouterr().err
+    assert not (tmp_path / "plan").exists()

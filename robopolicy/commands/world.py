@@ -80,11 +80,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from robopolicy.config import build, parse_overrides
     from robopolicy.world.model import WorldModelError
-    from robopolicy.world.plan import MPPIConfig, PlannedPolicy
+    from robopolicy.world.plan import PlannedPolicy, mppi_config
 
-    cfg = build(MPPIConfig, parse_overrides(args.overrides).get("mppi", {}), "command line", prefix="mppi.")
+    cfg = mppi_config(args.overrides)
     out = PlannedPolicy.write(args.out, args.world, args.checkpoint, cfg)
     try:
         PlannedPolicy.load(out)  # sizes of the base and the world model are checked now, not at the first step

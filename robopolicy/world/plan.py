@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from robopolicy.config import build, load_yaml, to_dict
+from robopolicy.config import ConfigError, build, load_yaml, parse_overrides, to_dict
 from robopolicy.utils.files import atomic_write_text
 from robopolicy.world.model import WorldModel, WorldModelError
 
@@ -58,6 +58,15 @@ class MPPIConfig:
     bound: float = 1.0
     """Actions are clipped to ``[-bound, bound]`` (0: no clip)."""
     seed: int = 0
+
+
+def mppi_config(overrides: list[str]) -> MPPIConfig:
+    """Command-line ``mppi.KEY=VALUE`` overrides → :class:`MPPIConfig`; any other key is an error, not ignored."""
+    parsed = parse_overrides(overrides)
+    stray = sorted(set(parsed) - {"mppi"})
+    if stray:
+        raise ConfigError(f"command line: {stray[0]!r} is not a planner setting (give mppi.KEY=VALUE)")
+    return build(MPPIConfig, parsed.get("mppi", {}), "command line", prefix="mppi.")
 
 
 class MPPIPlanner:
