@@ -205,7 +205,7 @@ class FleetLearner:
         self.rows: list[dict] = []
         self.versions: list[dict] = []
         self.stats = IngestStats()
-        self.train_s, self.losses, self.aggregate = 0.0, [], 0
+        self.train_s, self.aggregate = 0.0, 0
         self.error: BaseException | None = None
         self._recorder = None
         self._t0 = time.perf_counter()
@@ -343,7 +343,6 @@ class FleetLearner:
                 return
             version, arrays, loss, aggregate, seconds = payload
             self.train_s += seconds
-            self.losses.append(loss)
             self.aggregate = aggregate
             self._set_version(version, self.share(arrays), loss)
             self.log(f"[fleet] published v{version} at {self.elapsed():.0f}s: {aggregate} labels, loss {loss:.4f}")
