@@ -34,6 +34,7 @@ import numpy as np
 
 from robopolicy.config import ConfigError
 from robopolicy.deploy.run import RobotConfig, RunConfig
+from robopolicy.teleop.ratings import rating_column
 
 POLICY_ACTION = "policy.action"  # float32 (A,): what the policy proposed when the operator drove
 
@@ -186,8 +187,6 @@ class _Schedule:
             self.phase_end = t  # skip the rest of the reset
 
     def end_episode(self, how: str, t: float) -> None:
-        from robopolicy.teleop.ratings import rating_column
-
         r = self.result
         if how == "save" and self.frames > 0:
             summary = self.recorder.save_episode(success=self.mark, metadata=rating_column(self.mark))
