@@ -229,12 +229,11 @@ class PersonFollowEnv(gymnasium.Env):
         m.geom_rbound[gid] = rb
         m.geom_aabb[gid, 3:] = aabb
 
-    def _apply_scenario(self, sc: Scenario, slots: np.ndarray | None = None):
+    def _apply_scenario(self, sc: Scenario):
         m = self.model
         n = len(sc.people)
         # People: a random slot order so the target's slot carries no information.
-        self._slots = self.np_random.permutation(MAX_PEOPLE)[:n] if slots is None else np.asarray(slots)
-        self._target_slot = int(self._slots[0])
+        self._slots = self.np_random.permutation(MAX_PEOPLE)[:n]
         for i in range(MAX_PEOPLE):
             for p in PERSON_PARTS:
                 m.geom_rgba[self._person_geoms[(i, p)], 3] = 0.0
@@ -278,8 +277,18 @@ class PersonFollowEnv(gymnasium.Env):
         m.light_dir[self._light] = d / np.linalg.norm(d)
         m.light_diffuse[self._light] = looks["light_diffuse"]
         m.vis.headlight.ambient[:] = looks["ambient"]
+        self._people_arrays(sc)
+        self._obstacles_active = sc.obstacles[sc.obstacle_mask].copy()
+        self._obstacles_info = np.concatenate([sc.obstacles, sc.obstacle_height[:, None]], axis=1).astype(np.float32)
+        self._obstacle_mask = sc.obstacle_mask.copy()
+        self._nvis = len(self._person_vis[0][0])  # the same sample layout for every height
+        self._ray_geomid = np.zeros(self._nvis, dtype=np.int32)
+        self._ray_dist = np.zeros(self._nvis, dtype=np.float64)
 
-        # Static per-episode arrays
+    def _people_arrays(self, sc: Scenario):
+        """The per-episode arrays that follow the order of ``sc.people`` (the target first)."""
+        n = len(sc.people)
+        self._target_slot = int(self._slots[0])
         self._n_people = n
         horizon = self.max_steps + 2
         self._trajs = np.zeros((n, horizon, 3))
@@ -290,12 +299,6 @@ class PersonFollowEnv(gymnasium.Env):
         self._target_ticks = int(sc.target_ticks)
         self._reference_steps = int(min(sc.target_ticks, self.max_steps))
         self._person_vis = [_visibility_points(app.height) for app in sc.people]
-        self._obstacles_active = sc.obstacles[sc.obstacle_mask].copy()
-        self._obstacles_info = np.concatenate([sc.obstacles, sc.obstacle_height[:, None]], axis=1).astype(np.float32)
-        self._obstacle_mask = sc.obstacle_mask.copy()
-        self._nvis = len(self._person_vis[0][0])  # the same sample layout for every height
-        self._ray_geomid = np.zeros(self._nvis, dtype=np.int32)
-        self._ray_dist = np.zeros(self._nvis, dtype=np.float64)
 
     # ------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -312,7 +315,8 @@ class PersonFollowEnv(gymnasium.Env):
             if new is not None:
                 order = [new, *(k for k in range(len(sc.people)) if k != new)]
                 sc = retarget(sc, order, self.np_random)
-                self._apply_scenario(sc, self._slots[order])
+                self._slots = self._slots[order]  # the same people in the same slots (the scene is unchanged)
+                self._people_arrays(sc)
                 self._start(sc)
                 self._retargeted = True
         info = self._evaluate(ended=False)
