@@ -20,24 +20,14 @@ import sim_envs  # noqa: E402,F401
 from robopolicy.config import ConfigError, load_config  # noqa: E402
 from robopolicy.data import features as F  # noqa: E402
 from robopolicy.envs import EnvConfig  # noqa: E402
-from robopolicy.models.policy import LanguageConfig, Policy, PolicyConfig  # noqa: E402
 from robopolicy.scale.fleet import EpisodeRunner, FleetConfig  # noqa: E402
 from robopolicy.scale.fleet_learner import POLICY_VERSION, FleetLearner, state_arrays  # noqa: E402
+from robopolicy.models.policy import Policy  # noqa: E402
+from test_teleop_hg_dagger import tiny_point_policy  # noqa: E402
 
 ENV = EnvConfig("robopolicy/PointReach-v0", {"max_steps": 12})
 EAGER = {"reaction": [0.0, 0.0], "noise": 0.0, "lapse_rate": 0.0, "disagree": 0.0, "patience": 1}
 """An operator that takes over at once (every policy differs from the oracle by more than 0)."""
-
-
-def tiny_policy(seed: int = 0) -> Policy:
-    torch.manual_seed(seed)
-    cfg = PolicyConfig(head="chunk_l1", cameras=[], context_strides=[0], horizon=4, language=LanguageConfig(enabled=False),
-                       d_model=16, n_heads=2, n_layers=1, head_layers=1, action_shape=[2], state_dim=4)
-    stats = {"action": {k: np.full(2, v, np.float32) for k, v in
-                        (("mean", 0), ("std", 0.5), ("min", -1), ("max", 1), ("q01", -1), ("q99", 1))},
-             "observation.state": {k: np.full(4, v, np.float32) for k, v in
-                                   (("mean", 0.5), ("std", 0.3), ("min", 0), ("max", 1), ("q01", 0), ("q99", 1))}}
-    return Policy(cfg, stats).eval()
 
 
 def hg_settings(tmp_path, **train):
@@ -75,14 +65,14 @@ def test_bad_configs_are_named(tmp_path):
 
 
 def test_an_episode_runs_and_records_one_version_and_swaps_only_between_episodes():
-    runner = EpisodeRunner(0, ENV, tiny_policy(0), EAGER, 0.1, None, seed=0)
+    runner = EpisodeRunner(0, ENV, tiny_point_policy(0), EAGER, 0.1, None, seed=0)
     ep = runner.run_episode(3, 0, None)
     assert ep["version"] == 0 and runner.swaps == 0 and ep["seed"] == 3
     n = len(ep["action"])
     assert ep["intervention"].all() and 0 < n <= 12 and ep["success"] == (n < 12 or bool(ep["next.success"][-1]))
     assert ep["obs"]["observation.state"].shape == (n, 4) and ep["wall"].shape == (n,)
     np.testing.assert_allclose(ep["action"], np.clip(ep["oracle.action"], -1, 1), atol=1e-6)  # the operator drove, noise 0
-    newer = state_arrays(tiny_policy(1))
+    newer = state_arrays(tiny_point_policy(1))
     ep = runner.run_episode(3, 1, newer, evaluate=True)
     assert ep["version"] == 1 and runner.swaps == 1 and not ep["intervention"].any()
     for key, value in runner.policy.state_dict().items():
@@ -95,10 +85,10 @@ def test_an_episode_runs_and_records_one_version_and_swaps_only_between_episodes
 
 
 def test_learner_commits_each_episode_once_and_publishes_growing_versions(tmp_path):
-    policy = tiny_policy(0)
+    policy = tiny_point_policy(0)
     learner = FleetLearner(policy, hg_settings(tmp_path), tmp_path / "weights", tmp_path / "ds", retrain_every=8,
                            queue_size=4, log=lambda m: None).start()
-    runners = [EpisodeRunner(a, ENV, tiny_policy(0), EAGER, 0.1, None, seed=0) for a in range(3)]
+    runners = [EpisodeRunner(a, ENV, tiny_point_policy(0), EAGER, 0.1, None, seed=0) for a in range(3)]
 
     def robot(runner):
         for i in range(3):
@@ -129,7 +119,7 @@ def test_learner_commits_each_episode_once_and_publishes_growing_versions(tmp_pa
 
 def test_training_goes_on_while_ingest_is_stuck_in_a_commit(tmp_path):
     release, in_commit = threading.Event(), threading.Event()
-    learner = FleetLearner(tiny_policy(0), hg_settings(tmp_path), tmp_path / "weights", tmp_path / "ds",
+    learner = FleetLearner(tiny_point_policy(0), hg_settings(tmp_path), tmp_path / "weights", tmp_path / "ds",
                            retrain_every=5, log=lambda m: None)
 
     def slow_commit(ep):
@@ -138,7 +128,7 @@ def test_training_goes_on_while_ingest_is_stuck_in_a_commit(tmp_path):
 
     learner._commit = slow_commit
     learner.start()
-    runner = EpisodeRunner(0, ENV, tiny_policy(0), EAGER, 0.1, None, seed=0)
+    runner = EpisodeRunner(0, ENV, tiny_point_policy(0), EAGER, 0.1, None, seed=0)
     learner.submit(runner.run_episode(0, 0, None))
     assert in_commit.wait(30)
     deadline = time.monotonic() + 30
@@ -185,7 +175,7 @@ def test_fleet_on_ray_replaces_a_dead_actor_and_every_episode_keeps_its_version(
     pytest.importorskip("psutil")
     from robopolicy.cli import main
 
-    tiny_policy(0).save(tmp_path / "base")
+    tiny_point_policy(0).save(tmp_path / "base")
     ray.init(num_cpus=2, include_dashboard=False)
     killer = KillOnce("EpisodeRunner.run_episode", after_s=0.0)  # during its first episode
     try:

@@ -15,8 +15,8 @@ from robopolicy.teleop import hg_dagger
 ENV = EnvConfig("robopolicy/PointReach-v0", {"max_steps": 20})
 
 
-def tiny_point_policy() -> Policy:
-    torch.manual_seed(0)
+def tiny_point_policy(seed: int = 0) -> Policy:
+    torch.manual_seed(seed)
     cfg = PolicyConfig(head="chunk_l1", cameras=[], context_strides=[0], horizon=4, language=LanguageConfig(enabled=False),
                        d_model=16, n_heads=2, n_layers=1, head_layers=1, action_shape=[2], state_dim=4)
     stats = {"action": {k: np.full(2, v, np.float32) for k, v in
