@@ -193,7 +193,7 @@ class EvalEpisode(gymnasium.Wrapper):
         if self.max_steps is not None and self._steps >= self.max_steps and not (terminated or truncated):
             truncated = True
             now = getattr(self.env.unwrapped, "episode_metrics_now", None)
-            if now is not None and "episode_metrics" not in info:
+            if now is not None:
                 info = dict(info, episode_metrics=now(info))
         if not (terminated or truncated):
             return obs, reward, False, False, {}

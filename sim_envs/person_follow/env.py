@@ -359,7 +359,7 @@ class PersonFollowEnv(gymnasium.Env):
         truncated = bool(not terminated and self._steps >= self.max_steps)
         del info["_terminated"]
         if terminated or truncated:
-            self._finish(info)
+            info["episode_metrics"] = self.episode_metrics_now(info)
             self._episode_ready = False
         return obs, 0.0, terminated, truncated, info
 
@@ -634,14 +634,11 @@ class PersonFollowEnv(gymnasium.Env):
         }
 
     def episode_metrics_now(self, info: dict) -> dict:
-        """The episode metrics as if the episode ended at this step, for a caller that ends it
-        early (an evaluation's own step cap); ``info`` is this step's info."""
-        self._finish(info)
-        return info["episode_metrics"]
-
-    def _finish(self, info: dict):
+        """The episode metrics as if the episode ended at this step (``info``: this step's info).
+        The env puts them in ``info["episode_metrics"]`` when it ends an episode; a caller that ends
+        one early (an evaluation's own step cap) asks for them here."""
         sm = info["metrics"]
-        info["episode_metrics"] = M.episode_metrics(
+        return M.episode_metrics(
             following_steps=self._following_steps,
             steps=self._steps,
             reference_steps=self._reference_steps,
