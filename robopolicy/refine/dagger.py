@@ -469,45 +469,43 @@ def train(cfg: DAggerConfig, policy=None, log: Callable[[str], None] = print) ->
     data: list[dict] = []
     env_steps, counterfactual, dropped, flagged = 0, 0, 0, dict.fromkeys(WEIGHTED, 0)
     seconds = dict.fromkeys(("rollout", "finetune", "eval"), 0.0)  # wall clock by phase, iterations only
-    pool = rollout_pool(cfg, policy)  # Ray workers holding the policy (backend: ray), else None
-    bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
-    for it in range(cfg.iterations):
-        beta = cfg.beta0 * cfg.beta_decay**it
-        bar.set_description(f"iteration {it}: rolling out")
-        t = time.perf_counter()
-        frames = (collect(policy, cfg, beta, rng, waypoints, scene_label) if pool is None
-                  else dagger_rollout(pool, policy, cfg, beta, rng, waypoints, scene_label))
-        seconds["rollout"] += time.perf_counter() - t
-        env_steps += len(frames)
-        counterfactual += sum(len(f["chunk"]) - 1 for f in frames if f.get("chunk") is not None)
-        kept = [f for f in frames if keep(f, cfg.filter)]
-        dropped += len(frames) - len(kept)
-        for f, c in flag_counts(frames).items():
-            flagged[f] += c
-        data += kept
-        if cfg.max_states and len(data) > cfg.max_states:
-            data = data[-cfg.max_states:]
-        bar.set_description(f"iteration {it}: fine-tuning")
-        t = time.perf_counter()
-        loss = finetune(trainee, data, cfg, prng, original, scene_label, bar) if data else float("nan")
-        seconds["finetune"] += time.perf_counter() - t
-        bar.set_description(f"iteration {it}: evaluating")
-        t = time.perf_counter()
-        res = evaluate(policy, cfg, waypoints)
-        seconds["eval"] += time.perf_counter() - t
-        curve.add(env_steps, res.success, **res.metrics)
-        if curve.is_best() and res.success > before.success:
-            policy.save(out / "best")
-        bar.clear()  # the line goes above the bar, not into it
-        marks = dict.fromkeys([*cfg.weights, *(["rescue"] if _probes(cfg) else [])])
-        rescued = f" ({', '.join(f'{sum(has_flag(x, f) for x in kept)} {f}' for f in marks)})" if marks else ""
-        log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states{rescued}, aggregate "
-            f"{len(data)}, loss {loss:.4f}, success {res.success:.1%} {res.metrics} (so far: rollouts "
-            f"{seconds['rollout']:.0f} s, fine-tuning {seconds['finetune']:.0f} s, evaluations {seconds['eval']:.0f} s)")
-        bar.refresh()
-    bar.close()
-    if pool is not None:
-        pool.close()
+    with rollout_pool(cfg, policy) as pool:  # Ray workers holding the policy (backend: ray), else None
+        bar = tqdm(total=cfg.iterations * cfg.finetune_steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
+        for it in range(cfg.iterations):
+            beta = cfg.beta0 * cfg.beta_decay**it
+            bar.set_description(f"iteration {it}: rolling out")
+            t = time.perf_counter()
+            frames = (collect(policy, cfg, beta, rng, waypoints, scene_label) if pool is None
+                      else dagger_rollout(pool, policy, cfg, beta, rng, waypoints, scene_label))
+            seconds["rollout"] += time.perf_counter() - t
+            env_steps += len(frames)
+            counterfactual += sum(len(f["chunk"]) - 1 for f in frames if f.get("chunk") is not None)
+            kept = [f for f in frames if keep(f, cfg.filter)]
+            dropped += len(frames) - len(kept)
+            for f, c in flag_counts(frames).items():
+                flagged[f] += c
+            data += kept
+            if cfg.max_states and len(data) > cfg.max_states:
+                data = data[-cfg.max_states:]
+            bar.set_description(f"iteration {it}: fine-tuning")
+            t = time.perf_counter()
+            loss = finetune(trainee, data, cfg, prng, original, scene_label, bar) if data else float("nan")
+            seconds["finetune"] += time.perf_counter() - t
+            bar.set_description(f"iteration {it}: evaluating")
+            t = time.perf_counter()
+            res = evaluate(policy, cfg, waypoints)
+            seconds["eval"] += time.perf_counter() - t
+            curve.add(env_steps, res.success, **res.metrics)
+            if curve.is_best() and res.success > before.success:
+                policy.save(out / "best")
+            bar.clear()  # the line goes above the bar, not into it
+            marks = dict.fromkeys([*cfg.weights, *(["rescue"] if _probes(cfg) else [])])
+            rescued = f" ({', '.join(f'{sum(has_flag(x, f) for x in kept)} {f}' for f in marks)})" if marks else ""
+            log(f"[dagger] iteration {it}: beta {beta:.3g}, kept {len(kept)}/{len(frames)} states{rescued}, aggregate "
+                f"{len(data)}, loss {loss:.4f}, success {res.success:.1%} {res.metrics} (so far: rollouts "
+                f"{seconds['rollout']:.0f} s, fine-tuning {seconds['finetune']:.0f} s, evaluations {seconds['eval']:.0f} s)")
+            bar.refresh()
+        bar.close()
     policy.save(out / "final")
     summary = {"before": before.success, "before_metrics": before.metrics, "after": curve.rows[-1]["success"],
                "after_metrics": {k: v for k, v in curve.rows[-1].items() if k not in ("env_steps", "success")},

@@ -1,7 +1,7 @@
 """Refinement rollouts on Ray workers (``backend: ray`` of DAgger and HG-DAgger).
 
-    pool = rollout_pool(cfg, policy)                      # None with backend: local
-    frames = dagger_rollout(pool, policy, cfg, beta, rng, waypoints, scene_label)
+    with rollout_pool(cfg, policy) as pool:               # None with backend: local
+        frames = dagger_rollout(pool, policy, cfg, beta, rng, waypoints, scene_label)
 
 Row ``i`` of the local rollout's vector env becomes one item on a Ray rollout worker
 (:class:`robopolicy.scale.ray_backend.RolloutPool`): the worker runs that row's whole rollout of
@@ -22,6 +22,7 @@ results reach the driver once.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -51,9 +52,10 @@ class ReplayRng:
 
 def rollout_pool(cfg: Any, policy: Any):
     """The Ray workers of a refinement run (one per env, each holding ``policy``) with
-    ``cfg.backend == "ray"``; ``None`` with ``local``."""
+    ``cfg.backend == "ray"``, as a context manager that closes them however the run ends:
+    ``with rollout_pool(cfg, policy) as pool`` (``pool`` is ``None`` with ``local``)."""
     if cfg.backend != "ray":
-        return None
+        return contextlib.nullcontext()
     from robopolicy.scale.ray_backend import RolloutPool
 
     return RolloutPool(policy, cfg.num_envs, cfg.ray, cfg.threads)

@@ -148,27 +148,25 @@ def train(cfg: HGDAggerConfig, policy=None, log: Callable[[str], None] = print) 
     original = dagger.original_dataset(cfg, trainee)
     data: list[dict] = []
     totals = {"env_steps": 0, "takeovers": 0, "lapses": 0, "episodes": 0, "labels": 0, "dropped": 0}
-    pool = rollout_pool(cfg, policy)  # Ray workers holding the policy (backend: ray), else None
-    for it in range(cfg.iterations):
-        frames, counts = collect(policy, cfg, rng) if pool is None else hg_dagger_rollout(pool, policy, cfg, rng)
-        kept = [f for f in frames if dagger.keep(f, cfg.filter)]
-        for k in ("env_steps", "takeovers", "lapses", "episodes"):
-            totals[k] += counts[k]
-        totals["labels"] += len(frames)
-        totals["dropped"] += len(frames) - len(kept)
-        data += kept
-        if cfg.max_states and len(data) > cfg.max_states:
-            data = data[-cfg.max_states:]
-        loss = dagger.finetune(trainee, data, cfg, prng, original) if data else float("nan")
-        res = dagger.evaluate(policy, cfg, None)
-        curve.add(totals["env_steps"], res.success, **res.metrics)
-        if curve.is_best() and res.success > before.success:
-            policy.save(out / "best")
-        log(f"[hg-dagger] iteration {it}: {counts['takeovers']} take-overs, labels {len(frames)} of "
-            f"{counts['env_steps']} steps ({len(kept)} kept), aggregate {len(data)}, loss {loss:.4f}, "
-            f"success {res.success:.1%} (gain {100 * (res.success - before.success):+.1f} pts)")
-    if pool is not None:
-        pool.close()
+    with rollout_pool(cfg, policy) as pool:  # Ray workers holding the policy (backend: ray), else None
+        for it in range(cfg.iterations):
+            frames, counts = collect(policy, cfg, rng) if pool is None else hg_dagger_rollout(pool, policy, cfg, rng)
+            kept = [f for f in frames if dagger.keep(f, cfg.filter)]
+            for k in ("env_steps", "takeovers", "lapses", "episodes"):
+                totals[k] += counts[k]
+            totals["labels"] += len(frames)
+            totals["dropped"] += len(frames) - len(kept)
+            data += kept
+            if cfg.max_states and len(data) > cfg.max_states:
+                data = data[-cfg.max_states:]
+            loss = dagger.finetune(trainee, data, cfg, prng, original) if data else float("nan")
+            res = dagger.evaluate(policy, cfg, None)
+            curve.add(totals["env_steps"], res.success, **res.metrics)
+            if curve.is_best() and res.success > before.success:
+                policy.save(out / "best")
+            log(f"[hg-dagger] iteration {it}: {counts['takeovers']} take-overs, labels {len(frames)} of "
+                f"{counts['env_steps']} steps ({len(kept)} kept), aggregate {len(data)}, loss {loss:.4f}, "
+                f"success {res.success:.1%} (gain {100 * (res.success - before.success):+.1f} pts)")
     policy.save(out / "final")
     after = curve.rows[-1]["success"]
     summary = {"before": before.success, "after": after, "gain_pts": 100 * (after - before.success),
